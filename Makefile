@@ -1,0 +1,52 @@
+# The words a newcomer guesses: run, test, lint, bench, chaos.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test lint format bench chaos clean help
+
+help:
+	@echo "make run    - start the whole platform on embedded defaults (http://127.0.0.1:8000)"
+	@echo "make test   - lint, checks and the whole test suite on PostgreSQL and Redis"
+	@echo "make bench  - benchmarks (tables + bench/results/*.json)"
+	@echo "make lint   - ruff"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	@touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install -q -r requirements-dev.txt
+	@touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/python scripts/run.py
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python scripts/services_check.py
+	$(BIN)/ruff check .
+	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py check
+	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
+	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+	$(BIN)/pytest
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python scripts/services_check.py
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf var staticfiles .pytest_cache

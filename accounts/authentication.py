@@ -1,0 +1,60 @@
+"""`Authorization: Bearer <token>` for the REST API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from django_scopes import scopes_disabled
+from rest_framework import authentication, exceptions
+
+from .models import ApiToken, Membership
+from .services import token_hash
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class TokenPrincipal:
+    """What a request carries once a token is accepted: tenant, role, scopes."""
+
+    def __init__(self, token: ApiToken, role: str):
+        self.token = token
+        self.tenant = token.tenant
+        self.role = role
+        self.scopes = frozenset(token.scopes)
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        parts = header.split()
+        if parts[0] != self.keyword:
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
+        with scopes_disabled():
+            token = (
+                ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(parts[1])).first()
+            )
+            if token is None:
+                raise exceptions.AuthenticationFailed("Unknown API token.")
+            if token.revoked_at is not None:
+                raise exceptions.AuthenticationFailed("This API token has been revoked.")
+            now = timezone.now()
+            if token.expires_at is not None and token.expires_at <= now:
+                raise exceptions.AuthenticationFailed("This API token has expired.")
+            if not token.user.is_active:
+                raise exceptions.AuthenticationFailed("The user this token belongs to is inactive.")
+            membership = Membership.objects.filter(tenant=token.tenant, user=token.user).first()
+            if membership is None:
+                raise exceptions.AuthenticationFailed("The token's user is no longer a member of its tenant.")
+            if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+                ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, TokenPrincipal(token, membership.role)
+
+    def authenticate_header(self, request):
+        return self.keyword

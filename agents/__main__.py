@@ -1,0 +1,5 @@
+"""``python -m agents``: run the node agent."""
+
+from agents.agent.main import main
+
+main()

@@ -1,0 +1,39 @@
+"""Broker configuration and queue names shared by the platform and the node agent.
+
+Pure Python (no Django import) so that the agent can use it too. The embedded
+default is kombu's filesystem transport: no broker server to install. Any URL
+kombu understands (``redis://``, ``amqp://``) replaces it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PLATFORM_QUEUE = "platform"
+
+
+def node_queue(node_name: str) -> str:
+    """The Celery queue a node agent consumes its commands from."""
+    return f"node.{node_name}"
+
+
+def broker_options(url: str, var_dir: Path) -> tuple[str, dict]:
+    """Return ``(broker_url, broker_transport_options)`` for ``url``.
+
+    ``filesystem://`` keeps its messages under ``var_dir/broker``; every
+    process that shares ``var_dir`` shares the broker.
+    """
+    if url.startswith("filesystem://"):
+        folder = Path(var_dir) / "broker"
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        return "filesystem://", {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+        }
+    if url.startswith(("redis://", "rediss://")):
+        return url, {"socket_connect_timeout": 2, "socket_timeout": 5, "visibility_timeout": 3600}
+    return url, {}

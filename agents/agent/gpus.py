@@ -1,0 +1,191 @@
+"""GPU backends for the node agent: what GPUs there are and what jobs do on them.
+
+Two backends share one interface:
+
+* :class:`agents.agent.nvml.NvmlBackend` reads a real NVIDIA driver through
+  ``pynvml`` (nvidia-ml-py);
+* :class:`SimBackend` simulates GPUs for machines without any, with figures
+  taken from the job processes' real CPU time and resident memory, so a busy
+  job and an idle job meter differently.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid as uuidlib
+from dataclasses import dataclass, field
+
+import psutil
+
+# Nominal figures for simulated models: memory (MiB), idle and max power (W).
+SIM_MODELS = {
+    "H100-80GB": (81_559, 70, 700),
+    "H200-141GB": (143_771, 75, 700),
+    "A100-80GB": (81_920, 55, 400),
+    "A100-40GB": (40_960, 50, 400),
+    "L4-24GB": (23_034, 16, 72),
+    "T4-16GB": (15_360, 10, 70),
+}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    mig_mode: bool = False
+    isolation: str = "none"  # what a shared slice on it gets: mig | mps | none
+
+    def as_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory_mb": self.memory_mb,
+            "mig_mode": self.mig_mode,
+            "isolation": self.isolation,
+        }
+
+
+@dataclass
+class JobUse:
+    """What one job did on one GPU since the previous sample."""
+
+    sm_util: float = 0.0  # percent of the whole GPU's SMs
+    memory_mb: int = 0
+
+
+@dataclass
+class GpuSample:
+    uuid: str
+    util: float | None = None  # percent
+    memory_used_mb: int | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None  # cumulative since some start; take deltas
+    temperature_c: int | None = None
+    jobs: dict[int, JobUse] = field(default_factory=dict)  # job id -> use
+    health_events: list[dict] = field(default_factory=list)
+
+    def metrics(self) -> dict:
+        return {
+            "util": self.util,
+            "memory_used_mb": self.memory_used_mb,
+            "power_w": self.power_w,
+            "temperature_c": self.temperature_c,
+        }
+
+
+@dataclass(frozen=True)
+class JobProcesses:
+    """The processes of one job, as the backend needs them."""
+
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    pids: frozenset[int]
+    share_milli: int
+
+
+def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
+    """``sim:2xH100-80GB,2xL4-24GB`` -> [("H100-80GB", 81559), ...] (one per GPU)."""
+    body = spec.removeprefix("sim:")
+    gpus: list[tuple[str, int]] = []
+    for part in filter(None, (p.strip() for p in body.split(","))):
+        match = re.fullmatch(r"(?:(\d+)x)?([A-Za-z0-9][\w.-]*?)(?::(\d+))?", part)
+        if not match:
+            raise ValueError(f"bad GPU spec {part!r}: expected e.g. 2xH100-80GB or 1xMyGPU:16384")
+        count, model, memory = int(match.group(1) or 1), match.group(2), match.group(3)
+        if memory is None:
+            if model not in SIM_MODELS:
+                known = ", ".join(SIM_MODELS)
+                raise ValueError(f"unknown simulated model {model!r}; known: {known} (or give MODEL:MEMORY_MB)")
+            memory_mb = SIM_MODELS[model][0]
+        else:
+            memory_mb = int(memory)
+        if not 1 <= count <= 64:
+            raise ValueError(f"{part!r}: between 1 and 64 GPUs of a kind")
+        gpus.extend([(model, memory_mb)] * count)
+    if not gpus:
+        raise ValueError("no GPUs in the simulated spec")
+    return gpus
+
+
+class SimBackend:
+    """Simulated GPUs whose figures come from the jobs' real CPU time and RSS.
+
+    A job's SM utilisation on each of its GPUs is its process tree's CPU use
+    (one fully busy core = 100%), scaled to its slice for a shared GPU; its GPU
+    memory is the tree's resident memory. Power follows utilisation between
+    the model's idle and maximum, and energy integrates power.
+    """
+
+    name = "sim"
+
+    def __init__(self, spec: str, node_name: str):
+        self._gpus = [
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'{node_name}.{i}.gpushare.sim')}",
+                model=model,
+                memory_mb=memory_mb,
+                isolation="none",
+            )
+            for i, (model, memory_mb) in enumerate(parse_sim_spec(spec))
+        ]
+        self._cpu_prev: dict[int, float] = {}
+        self._energy: dict[str, float] = {g.uuid: 0.0 for g in self._gpus}
+        self._last = time.monotonic()
+
+    def inventory(self) -> list[GpuInfo]:
+        return list(self._gpus)
+
+    def versions(self) -> dict:
+        return {"driver_version": "sim", "cuda_version": "sim"}
+
+    def sample(self, jobs: list[JobProcesses]) -> dict[str, GpuSample]:
+        now = time.monotonic()
+        dt = max(now - self._last, 1e-3)
+        self._last = now
+        samples = {g.uuid: GpuSample(uuid=g.uuid, util=0.0, memory_used_mb=0, temperature_c=35) for g in self._gpus}
+        seen: set[int] = set()
+        for job in jobs:
+            cpu_s, rss = 0.0, 0
+            for pid in job.pids:
+                try:
+                    proc = psutil.Process(pid)
+                    times = proc.cpu_times()
+                    rss += proc.memory_info().rss
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                total = times.user + times.system
+                cpu_s += max(0.0, total - self._cpu_prev.get(pid, total))
+                self._cpu_prev[pid] = total
+                seen.add(pid)
+            busy = min(100.0, 100.0 * cpu_s / dt)
+            share = job.share_milli / 1000
+            util = busy * share if share < 1 else busy
+            memory_mb = rss // (1 << 20)
+            per_gpu_memory = memory_mb // max(1, len(job.gpu_uuids))
+            for uuid in job.gpu_uuids:
+                if uuid in samples:
+                    s = samples[uuid]
+                    s.jobs[job.job_id] = JobUse(sm_util=util, memory_mb=per_gpu_memory)
+                    s.util = min(100.0, (s.util or 0) + util)
+                    s.memory_used_mb = (s.memory_used_mb or 0) + per_gpu_memory
+        self._cpu_prev = {pid: v for pid, v in self._cpu_prev.items() if pid in seen}
+        for gpu in self._gpus:
+            s = samples[gpu.uuid]
+            idle_w, max_w = SIM_MODELS.get(gpu.model, (0, 50, 300))[1:]
+            s.power_w = idle_w + (max_w - idle_w) * (s.util or 0) / 100
+            self._energy[gpu.uuid] += s.power_w * dt * 1000
+            s.energy_mj = int(self._energy[gpu.uuid])
+            s.temperature_c = int(35 + 40 * (s.util or 0) / 100)
+        return samples
+
+    def pids_on_gpu(self, uuid: str) -> set[int] | None:
+        """PIDs the driver sees on ``uuid``; None when the backend cannot tell."""
+        return None
+
+    def close(self) -> None:
+        pass

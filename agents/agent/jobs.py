@@ -1,0 +1,245 @@
+"""Running one job's processes on the node: environment, pinning, logs, stopping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+# Variables the agent copies from its own environment into a job's; nothing
+# else of the agent's (broker URL, credentials) ever reaches a job.
+DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
+RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    job_id: int
+    attempt: int
+    command: list[str]
+    env: dict[str, str]
+    gpu_uuids: list[str]
+    share_milli: int
+    mode: str
+    max_runtime_s: int
+    grace_s: int
+    tenant: str = ""
+    image: str = ""
+
+    @classmethod
+    def from_message(cls, payload: dict) -> LaunchSpec:
+        return cls(
+            job_id=int(payload["job_id"]),
+            attempt=int(payload.get("attempt", 1)),
+            command=[str(a) for a in payload["command"]],
+            env={str(k): str(v) for k, v in (payload.get("env") or {}).items()},
+            gpu_uuids=[str(u) for u in payload.get("gpu_uuids") or []],
+            share_milli=int(payload.get("share_milli", 1000)),
+            mode=str(payload.get("mode", "dedicated")),
+            max_runtime_s=int(payload.get("max_runtime_s", 86400)),
+            grace_s=int(payload.get("grace_s", 30)),
+            tenant=str(payload.get("tenant", "")),
+            image=str(payload.get("image", "")),
+        )
+
+
+def job_environment(
+    spec: LaunchSpec, *, workdir: Path, agent_env: dict[str, str], allow: tuple[str, ...], extra: dict[str, str]
+) -> dict[str, str]:
+    """The job's whole environment: allow-listed agent variables, the job's own
+    (minus reserved names), then the pinning the platform decided."""
+    env = {k: agent_env[k] for k in allow if k in agent_env}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env["HOME"] = str(workdir)
+    env["TMPDIR"] = str(workdir / "tmp")
+    env["PYTHONUNBUFFERED"] = "1"
+    for key, value in spec.env.items():
+        if not key.upper().startswith(RESERVED_PREFIXES):
+            env[key] = value
+    devices = ",".join(spec.gpu_uuids)
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU; unset would show them all.
+    env["CUDA_VISIBLE_DEVICES"] = devices
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["NVIDIA_VISIBLE_DEVICES"] = devices or "void"
+    env["GPUSHARE_JOB_ID"] = str(spec.job_id)
+    env["GPUSHARE_ATTEMPT"] = str(spec.attempt)
+    env["GPUSHARE_GRACE_SECONDS"] = str(spec.grace_s)
+    env["GPUSHARE_GPU_FRACTION"] = f"{spec.share_milli / 1000:g}"
+    env.update(extra)
+    return env
+
+
+class LogCapture(threading.Thread):
+    """Copies a job's output pipe to its log file, up to ``cap`` bytes."""
+
+    def __init__(self, pipe, path: Path, cap: int):
+        super().__init__(daemon=True, name=f"log-{path.parent.name}")
+        self.pipe = pipe
+        self.path = path
+        self.cap = cap
+        self.written = 0
+        self.truncated = False
+
+    def run(self) -> None:
+        with open(self.path, "ab") as out:
+            while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
+                room = self.cap - self.written
+                if room > 0:
+                    piece = chunk[:room]
+                    out.write(piece)
+                    out.flush()
+                    self.written += len(piece)
+                if len(chunk) > max(room, 0) and not self.truncated:
+                    self.truncated = True
+                    note = f"\n[gpushare: log capped at {self.cap} bytes; further output discarded]\n".encode()
+                    out.write(note)
+                    out.flush()
+                    self.written += len(note)
+        self.pipe.close()
+
+
+@dataclass
+class RunningJob:
+    spec: LaunchSpec
+    proc: subprocess.Popen | None
+    pgid: int
+    started_ms: int
+    workdir: Path
+    log_path: Path
+    log_capture: LogCapture | None = None
+    log_shipped: int = 0
+    stop_reason: str = ""
+    stop_lost: bool = False  # report the job lost (agent shutting down), not exited
+    term_sent_at: float | None = None
+    kill_at: float | None = None
+    exit_code: int | None = None
+    ended_ms: int | None = None
+    adopted: bool = False
+    pids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def deadline(self) -> float:
+        return self.started_ms / 1000 + self.spec.max_runtime_s
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def poll(self) -> bool:
+        """True once the job's main process has ended (records its exit)."""
+        if self.exit_code is not None or self.ended_ms is not None:
+            return True
+        if self.proc is None:
+            return not self.group_alive()
+        code = self.proc.poll()
+        if code is None:
+            return False
+        self.exit_code = code if code >= 0 else 128 - code
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def request_stop(self, *, reason: str, grace_s: int, lost: bool = False) -> None:
+        """SIGTERM the whole job now, SIGKILL it after ``grace_s``."""
+        if self.term_sent_at is not None:
+            self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + grace_s)
+            return
+        self.stop_reason = reason
+        self.stop_lost = lost
+        self.term_sent_at = time.monotonic()
+        self.kill_at = self.term_sent_at + grace_s
+        self.signal_group(signal.SIGTERM)
+
+    def enforce(self) -> None:
+        """Escalate a stop whose grace period ran out; stop a job past its max runtime."""
+        if self.term_sent_at is None and time.time() >= self.deadline:
+            self.request_stop(reason=f"max runtime of {self.spec.max_runtime_s} s reached", grace_s=self.spec.grace_s)
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            self.signal_group(signal.SIGKILL)
+
+    def refresh_pids(self) -> frozenset[int]:
+        self.pids = frozenset(p for p in psutil.pids() if _pgid(p) == self.pgid)
+        return self.pids
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def launch(
+    spec: LaunchSpec,
+    *,
+    jobs_dir: Path,
+    agent_env: dict[str, str],
+    env_allow: tuple[str, ...],
+    extra_env: dict[str, str],
+    log_cap: int,
+    run_as: tuple[int, int] | None = None,
+) -> RunningJob:
+    """Start the job's command in its own session (process group)."""
+    workdir = jobs_dir / f"{spec.job_id}-{spec.attempt}"
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "output.log"
+    log_path.touch()
+    env = job_environment(spec, workdir=workdir, agent_env=agent_env, allow=env_allow, extra=extra_env)
+    kwargs: dict = {}
+    if run_as is not None:
+        kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
+        os.chown(workdir, run_as[0], run_as[1])
+        os.chown(workdir / "tmp", run_as[0], run_as[1])
+    started_ms = now_ms()
+    try:
+        proc = subprocess.Popen(
+            spec.command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+    except OSError as exc:
+        with open(log_path, "ab") as out:
+            out.write(f"[gpushare: could not start {spec.command[0]!r}: {exc.strerror or exc}]\n".encode())
+        job = RunningJob(spec=spec, proc=None, pgid=-1, started_ms=started_ms, workdir=workdir, log_path=log_path)
+        job.exit_code = 127
+        job.ended_ms = started_ms + 1
+        return job
+    capture = LogCapture(proc.stdout, log_path, log_cap)
+    capture.start()
+    job = RunningJob(
+        spec=spec,
+        proc=proc,
+        pgid=proc.pid,
+        started_ms=started_ms,
+        workdir=workdir,
+        log_path=log_path,
+        log_capture=capture,
+    )
+    job.refresh_pids()
+    return job

@@ -1,0 +1,546 @@
+"""The node agent: ``python -m agents`` (or the ``gpushare-agent`` script).
+
+It never touches the platform's database: it registers its node and GPUs,
+heartbeats, consumes launch/stop commands from its node's queue, runs jobs
+pinned to their GPUs, meters them every sample interval, and ships usage
+windows, state changes and logs through a local outbox (``spool.Spool``) that
+survives broker outages and agent restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import pwd
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from . import __version__
+from .brokerconf import broker_options
+from .gpus import JobProcesses, SimBackend
+from .jobs import DEFAULT_ENV_ALLOW, LaunchSpec, RunningJob, launch, now_ms
+from .meter import JobMeter, split_energy
+from .spool import Spool
+from .transport import BrokerLink, Command
+
+log = logging.getLogger("gpushare.agent")
+
+LOG_CHUNK = 64 * 1024
+OUTBOX_BATCH = 200
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    token: str
+    broker_url: str
+    var_dir: Path
+    gpus: str = "auto"
+    allow_sim: bool = False
+    sample_interval_s: float = 1.0
+    window_s: float = 10.0
+    heartbeat_s: float = 5.0
+    log_cap_bytes: int = 64 << 20
+    run_as: str = ""
+    env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
+    shutdown_grace_s: int = 10
+
+    @property
+    def state_dir(self) -> Path:
+        return self.var_dir / "agent" / self.node
+
+
+def backend_for(config: AgentConfig):
+    """The GPU backend the configuration asks for; never simulate silently on a GPU host."""
+    if config.gpus.startswith("sim:"):
+        return SimBackend(config.gpus, config.node)
+    from .nvml import NvmlBackend, NvmlUnavailable, nvidia_devices_present
+
+    try:
+        return NvmlBackend()
+    except NvmlUnavailable as exc:
+        if config.gpus == "nvml":
+            raise SystemExit(f"gpushare-agent: --gpus nvml but NVML is not usable: {exc}") from exc
+        if nvidia_devices_present():
+            raise SystemExit(
+                f"gpushare-agent: this host has NVIDIA devices but NVML failed ({exc}); refusing to simulate. "
+                "Fix the driver, or pass --gpus sim:... explicitly."
+            ) from exc
+        if not config.allow_sim:
+            raise SystemExit(
+                f"gpushare-agent: no NVML on this host ({exc}). Pass --gpus sim:2xH100-80GB (or --allow-sim) "
+                "to run on simulated GPUs."
+            ) from exc
+        log.warning("no NVML (%s): simulating one H100-80GB", exc)
+        return SimBackend("sim:1xH100-80GB", config.node)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, backend, link: BrokerLink, spool: Spool):
+        self.config = config
+        self.backend = backend
+        self.link = link
+        self.spool = spool
+        self.gpus = {g.uuid: g for g in backend.inventory()}
+        self.jobs: dict[int, RunningJob] = {}
+        self.meters: dict[int, JobMeter] = {}
+        self.energy_prev: dict[str, int] = {}
+        self.stopping = False
+        self.next_reconnect = 0.0
+        self.next_heartbeat = 0.0
+        self.last_metrics: dict[str, dict] = {}
+        self.run_as = self._run_as(config.run_as)
+        self.jobs_dir = config.state_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _run_as(user: str) -> tuple[int, int] | None:
+        if not user:
+            return None
+        entry = pwd.getpwnam(user)
+        return entry.pw_uid, entry.pw_gid
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.recover_previous()
+        self.report("agents.register", {"info": self.registration()})
+        log.info(
+            "agent %s up: %d GPU(s) via %s, broker %s",
+            self.config.node,
+            len(self.gpus),
+            self.backend.name,
+            self.link.url.split("@")[-1],
+        )
+        next_tick = time.monotonic()
+        while not self.stopping:
+            self.step(until=next_tick)
+            if time.monotonic() >= next_tick:
+                self.tick()
+                next_tick += self.config.sample_interval_s
+                if next_tick < time.monotonic():
+                    next_tick = time.monotonic() + self.config.sample_interval_s
+        self.shutdown()
+
+    def _on_signal(self, signum, frame) -> None:
+        log.info("signal %s: shutting down", signum)
+        self.stopping = True
+
+    def registration(self) -> dict:
+        return {
+            "agent_version": __version__,
+            "backend": self.backend.name,
+            "hostname": socket.gethostname(),
+            "gpus": [g.as_dict() for g in self.gpus.values()],
+            "running": [{"job_id": j.spec.job_id, "attempt": j.spec.attempt} for j in self.jobs.values()],
+            **self.backend.versions(),
+        }
+
+    def recover_previous(self) -> None:
+        """Kill job processes left by a previous run of this agent.
+
+        Their output pipes died with that run, so they cannot be re-adopted
+        safely; the platform sees them missing at registration and marks
+        them lost (requeued or failed per its policy). Windows metered before
+        the crash are still in the outbox and are delivered.
+        """
+        for job_id, attempt, pgid, _started in self.spool.jobs():
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                log.warning("killed leftover job %s attempt %s (pgid %s) from a previous run", job_id, attempt, pgid)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.spool.job_forget(job_id=job_id, attempt=attempt)
+
+    def shutdown(self) -> None:
+        for job in self.jobs.values():
+            job.request_stop(reason="agent shutting down", grace_s=self.config.shutdown_grace_s, lost=True)
+        deadline = time.monotonic() + self.config.shutdown_grace_s + 5
+        while self.jobs and time.monotonic() < deadline:
+            for job in list(self.jobs.values()):
+                job.enforce()
+            self.reap()
+            time.sleep(0.1)
+        flush_deadline = time.monotonic() + 5
+        while self.spool.pending() and time.monotonic() < flush_deadline:
+            self.ensure_connected()
+            self.flush()
+            time.sleep(0.2)
+        self.link.disconnect()
+        self.backend.close()
+        self.spool.close()
+
+    # --- the loop ----------------------------------------------------------
+
+    def step(self, *, until: float) -> None:
+        """Wait for a command until ``until`` (at most 0.2 s), then reap and flush."""
+        timeout = min(max(until - time.monotonic(), 0.0), 0.2)
+        if self.ensure_connected():
+            try:
+                command = self.link.receive(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - any broker failure: go offline, spool
+                log.warning("broker connection lost: %s", exc)
+                self.link.disconnect()
+                command = None
+            if command is not None:
+                self.handle(command)
+        else:
+            time.sleep(timeout)
+        self.reap()
+        self.flush()
+
+    def ensure_connected(self) -> bool:
+        if self.link.connected:
+            return True
+        if time.monotonic() < self.next_reconnect:
+            return False
+        try:
+            self.link.connect()
+            log.info("connected to the broker; %d message(s) waiting in the outbox", self.spool.pending())
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("broker unreachable (%s); spooling locally", exc)
+            self.link.disconnect()
+            self.next_reconnect = time.monotonic() + 2.0
+            return False
+
+    def handle(self, command: Command) -> None:
+        try:
+            if command.task == "agent.launch":
+                self.job_launch(LaunchSpec.from_message(command.kwargs))
+            elif command.task == "agent.stop":
+                self.job_stop(command.kwargs)
+            else:
+                log.warning("unknown command %r ignored", command.task)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("malformed %s command %r: %s", command.task, command.kwargs, exc)
+        command.ack()
+
+    def report(self, task: str, kwargs: dict) -> None:
+        """Queue a report for the platform (delivered in order, at least once)."""
+        self.spool.put(task, {"node": self.config.node, "token": self.config.token, **kwargs})
+
+    def flush(self) -> None:
+        if not self.link.connected:
+            return
+        rows = self.spool.peek(OUTBOX_BATCH)
+        i = 0
+        try:
+            while i < len(rows):
+                row_id, task, kwargs = rows[i]
+                if task == "agents.usage":
+                    # Consecutive windows travel together: one message, one bulk insert.
+                    batch = [rows[i]]
+                    while i + len(batch) < len(rows) and rows[i + len(batch)][1] == "agents.usage":
+                        batch.append(rows[i + len(batch)])
+                    windows = [w for _, _, k in batch for w in k["windows"]]
+                    self.link.send(task, {**kwargs, "windows": windows})
+                    self.spool.remove([r[0] for r in batch])
+                    i += len(batch)
+                else:
+                    self.link.send(task, kwargs)
+                    self.spool.remove([row_id])
+                    i += 1
+        except Exception as exc:  # noqa: BLE001 - keep it in the outbox, retry on reconnect
+            log.warning("could not deliver to the broker (%s); %d message(s) kept", exc, self.spool.pending())
+            self.link.disconnect()
+            self.next_reconnect = time.monotonic() + 1.0
+
+    # --- jobs --------------------------------------------------------------
+
+    def job_launch(self, spec: LaunchSpec) -> None:
+        current = self.jobs.get(spec.job_id)
+        if current is not None:
+            if current.spec.attempt == spec.attempt:
+                return  # a redelivered launch: already running
+            current.request_stop(reason="superseded by a newer attempt", grace_s=spec.grace_s)
+        unknown = [u for u in spec.gpu_uuids if u not in self.gpus]
+        if unknown:
+            log.error("launch of job %s names GPUs this node does not have: %s", spec.job_id, unknown)
+            at = now_ms()
+            self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": at})
+            self.report(
+                "agents.job_exited",
+                {
+                    "job_id": spec.job_id,
+                    "attempt": spec.attempt,
+                    "exit_code": None,
+                    "at_ms": at + 1,
+                    "reason": f"node has no GPU {', '.join(unknown)}",
+                },
+            )
+            return
+        job = launch(
+            spec,
+            jobs_dir=self.jobs_dir,
+            agent_env=dict(os.environ),
+            env_allow=self.config.env_allow,
+            extra_env=self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {},
+            log_cap=self.config.log_cap_bytes,
+            run_as=self.run_as,
+        )
+        self.jobs[spec.job_id] = job
+        self.meters[spec.job_id] = JobMeter(
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            start_ms=job.started_ms,
+            window_ms=int(self.config.window_s * 1000),
+        )
+        if job.pgid > 0:
+            self.spool.job_record(job_id=spec.job_id, attempt=spec.attempt, pgid=job.pgid, started_ms=job.started_ms)
+        self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": job.started_ms})
+        log.info("job %s attempt %s started on %s", spec.job_id, spec.attempt, spec.gpu_uuids or "no GPU")
+
+    def job_stop(self, payload: dict) -> None:
+        job_id = int(payload["job_id"])
+        job = self.jobs.get(job_id)
+        attempt = payload.get("attempt")
+        if job is None or (attempt is not None and int(attempt) != job.spec.attempt):
+            log.info("stop for job %s which is not running here", job_id)
+            if attempt is not None:
+                self.report(
+                    "agents.job_exited",
+                    {
+                        "job_id": job_id,
+                        "attempt": int(attempt),
+                        "exit_code": None,
+                        "at_ms": now_ms(),
+                        "reason": "not running on this node",
+                        "lost": True,
+                    },
+                )
+            return
+        job.request_stop(reason=str(payload.get("reason", "stopped")), grace_s=int(payload.get("grace_s", 30)))
+
+    def reap(self) -> None:
+        """Finish jobs whose processes are all gone (and off the GPU)."""
+        for job in list(self.jobs.values()):
+            job.enforce()
+            if not job.poll():
+                continue
+            if job.ended_ms is None:
+                job.ended_ms = now_ms()
+                job.signal_group(signal.SIGKILL)  # the main process ended: so does the job
+            if job.pgid > 0 and _group_running(job.pgid):
+                continue
+            if not self._off_gpu(job):
+                continue
+            self.job_finish(job)
+
+    def _off_gpu(self, job: RunningJob) -> bool:
+        for uuid in job.spec.gpu_uuids:
+            seen = self.backend.pids_on_gpu(uuid)
+            if seen and seen & job.pids:
+                return False
+        return True
+
+    def job_finish(self, job: RunningJob) -> None:
+        spec = job.spec
+        if job.log_capture is not None:
+            job.log_capture.join(timeout=2)
+        meter = self.meters.pop(spec.job_id)
+        window = meter.close(job.ended_ms)
+        if window is not None:
+            self.report("agents.usage", {"windows": [window.as_dict()]})
+        self.ship_logs(job, everything=True)
+        reason = job.stop_reason
+        if job.log_capture is not None and job.log_capture.truncated:
+            reason = (reason + "; " if reason else "") + "log output was capped"
+        self.report(
+            "agents.job_exited",
+            {
+                "job_id": spec.job_id,
+                "attempt": spec.attempt,
+                "exit_code": None if job.stop_lost else job.exit_code,
+                "at_ms": job.ended_ms,
+                "reason": reason,
+                "lost": job.stop_lost,
+            },
+        )
+        self.spool.job_forget(job_id=spec.job_id, attempt=spec.attempt)
+        del self.jobs[spec.job_id]
+        log.info("job %s attempt %s ended: exit %s %s", spec.job_id, spec.attempt, job.exit_code, reason)
+
+    def ship_logs(self, job: RunningJob, *, everything: bool = False) -> None:
+        try:
+            size = job.log_path.stat().st_size
+        except FileNotFoundError:
+            return
+        chunks = 0
+        with open(job.log_path, "rb") as source:
+            while job.log_shipped < size and (everything or chunks < 4):
+                source.seek(job.log_shipped)
+                data = source.read(LOG_CHUNK)
+                if not data:
+                    break
+                self.report(
+                    "agents.logs",
+                    {
+                        "job_id": job.spec.job_id,
+                        "offset": job.log_shipped,
+                        "data_b64": base64.b64encode(data).decode(),
+                    },
+                )
+                job.log_shipped += len(data)
+                chunks += 1
+
+    # --- sampling ------------------------------------------------------------
+
+    def tick(self) -> None:
+        at = now_ms()
+        groups = _process_groups()
+        running = [j for j in self.jobs.values() if j.ended_ms is None and j.exit_code is None]
+        for job in running:
+            job.pids = frozenset(groups.get(job.pgid, ()))
+        samples = self.backend.sample(
+            [JobProcesses(j.spec.job_id, tuple(j.spec.gpu_uuids), j.pids, j.spec.share_milli) for j in running]
+        )
+        energy_by_job: dict[int, float] = {}
+        for uuid, sample in samples.items():
+            previous = self.energy_prev.get(uuid)
+            if sample.energy_mj is not None:
+                self.energy_prev[uuid] = sample.energy_mj
+            delta = (sample.energy_mj - previous) if previous is not None and sample.energy_mj is not None else 0
+            holders = {j.spec.job_id: j for j in running if uuid in j.spec.gpu_uuids}
+            if not holders:
+                continue
+            weights = {
+                job_id: (sample.jobs[job_id].sm_util if job_id in sample.jobs else 0.0) for job_id in holders
+            }
+            if not any(weights.values()):
+                weights = {job_id: float(job.spec.share_milli) for job_id, job in holders.items()}
+            for job_id, part in split_energy(max(delta, 0), weights).items():
+                energy_by_job[job_id] = energy_by_job.get(job_id, 0.0) + part
+        for job in running:
+            use = [samples[u].jobs.get(job.spec.job_id) for u in job.spec.gpu_uuids if u in samples]
+            sm = sum(u.sm_util for u in use if u)
+            memory = sum(u.memory_mb for u in use if u)
+            window = self.meters[job.spec.job_id].add(
+                at_ms=at, sm_util_pct=sm, memory_mb=memory, energy_mj=energy_by_job.get(job.spec.job_id, 0.0)
+            )
+            if window is not None:
+                self.report("agents.usage", {"windows": [window.as_dict()]})
+            self.ship_logs(job)
+            self._enforce_memory(job, use)
+        self.last_metrics = {uuid: s.metrics() for uuid, s in samples.items()}
+        for uuid, sample in samples.items():
+            for event in sample.health_events:
+                self.report("agents.gpu_health", {"uuid": uuid, "event": event})
+        if time.monotonic() >= self.next_heartbeat:
+            self.next_heartbeat = time.monotonic() + self.config.heartbeat_s
+            self.heartbeat(at)
+
+    def _enforce_memory(self, job: RunningJob, use) -> None:
+        """A shared slice that holds more GPU memory than its share is stopped."""
+        if job.spec.share_milli >= 1000 or job.term_sent_at is not None:
+            return
+        for uuid, u in zip(job.spec.gpu_uuids, use, strict=False):
+            gpu = self.gpus.get(uuid)
+            limit = gpu.memory_mb * job.spec.share_milli // 1000 if gpu else 0
+            if u and gpu and getattr(self.backend, "enforces_memory", False) and u.memory_mb > limit:
+                job.request_stop(
+                    reason=f"GPU memory {u.memory_mb} MiB exceeds the slice's {limit} MiB",
+                    grace_s=job.spec.grace_s,
+                )
+
+    def heartbeat(self, at_ms: int) -> None:
+        if not self.link.connected:
+            return
+        payload = {
+            "node": self.config.node,
+            "token": self.config.token,
+            "at_ms": at_ms,
+            "gpus": [{"uuid": uuid, "metrics": m} for uuid, m in self.last_metrics.items()],
+        }
+        try:
+            self.link.send("agents.heartbeat", payload)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("heartbeat not delivered: %s", exc)
+            self.link.disconnect()
+
+
+def _process_groups() -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for pid in psutil.pids():
+        try:
+            groups.setdefault(os.getpgid(pid), []).append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return groups
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return False
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="gpushare-agent", description="gpushare node agent")
+    parser.add_argument("--node", default=env.get("GPUSHARE_NODE", socket.gethostname().split(".")[0]))
+    parser.add_argument("--token", default=env.get("GPUSHARE_AGENT_TOKEN", ""), help="the node's credential")
+    parser.add_argument(
+        "--broker",
+        default=env.get("GPUSHARE_BROKER_URL") or env.get("CELERY_BROKER_URL") or env.get("REDIS_URL") or "filesystem://",
+    )
+    parser.add_argument("--var-dir", default=env.get("GPUSHARE_VAR_DIR", "var"))
+    parser.add_argument(
+        "--gpus",
+        default=env.get("GPUSHARE_GPUS", "auto"),
+        help="auto (NVML), nvml, or sim:2xH100-80GB,2xL4-24GB",
+    )
+    parser.add_argument("--allow-sim", action="store_true", help="simulate when the host has no NVIDIA driver")
+    parser.add_argument("--sample-interval", type=float, default=float(env.get("GPUSHARE_SAMPLE_INTERVAL_S", "1")))
+    parser.add_argument("--window", type=float, default=float(env.get("GPUSHARE_WINDOW_S", "10")))
+    parser.add_argument("--heartbeat", type=float, default=float(env.get("GPUSHARE_HEARTBEAT_INTERVAL_S", "5")))
+    parser.add_argument("--log-cap-mb", type=int, default=int(env.get("GPUSHARE_LOG_CAP_MB", "64")))
+    parser.add_argument("--run-as", default=env.get("GPUSHARE_RUN_AS", ""), help="run jobs as this user")
+    parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.token:
+        parser.error("the node's credential is required: --token or GPUSHARE_AGENT_TOKEN")
+    if args.sample_interval <= 0 or args.window < args.sample_interval:
+        parser.error("--sample-interval must be positive and --window at least one sample interval")
+    return AgentConfig(
+        node=args.node,
+        token=args.token,
+        broker_url=args.broker,
+        var_dir=Path(args.var_dir).resolve(),
+        gpus=args.gpus,
+        allow_sim=args.allow_sim,
+        sample_interval_s=args.sample_interval,
+        window_s=args.window,
+        heartbeat_s=args.heartbeat,
+        log_cap_bytes=args.log_cap_mb << 20,
+        run_as=args.run_as,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    backend = backend_for(config)
+    url, options = broker_options(config.broker_url, config.var_dir)
+    link = BrokerLink(url=url, transport_options=options, node_name=config.node)
+    spool = Spool(config.state_dir / "state.sqlite3")
+    Agent(config, backend, link, spool).run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,65 @@
+"""Nodes (GPU servers running the agent) and their GPUs, as the platform sees them."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"  # credential issued, agent never seen
+        UP = "up"
+        DOWN = "down"
+        CORDONED = "cordoned"  # no new jobs
+        DRAINING = "draining"  # no new jobs; cordoned once empty
+
+    name = models.SlugField(max_length=100, unique=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    token_hash = models.CharField(max_length=64)
+    agent_version = models.CharField(max_length=32, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=32, blank=True)
+    backend = models.CharField(max_length=16, blank=True)  # nvml | sim
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    state_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == self.State.UP
+
+
+class Gpu(models.Model):
+    class Health(models.TextChoices):
+        OK = "ok"
+        OUT_OF_SERVICE = "out_of_service"
+
+    class Reservation(models.TextChoices):
+        ANY = "any"
+        DEDICATED_ONLY = "dedicated_only"
+        SHARED_ONLY = "shared_only"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    uuid = models.CharField(max_length=96, unique=True)
+    index = models.PositiveSmallIntegerField()
+    model = models.CharField(max_length=64, db_index=True)
+    memory_mb = models.PositiveIntegerField()
+    mig_mode = models.BooleanField(default=False)
+    isolation = models.CharField(max_length=8, default="none")  # what a slice here gets: mig | mps | none
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.OK)
+    health_reason = models.CharField(max_length=200, blank=True)
+    reservation = models.CharField(max_length=16, choices=Reservation.choices, default=Reservation.ANY)
+    last_metrics = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} {self.model}"

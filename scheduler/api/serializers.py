@@ -1,0 +1,145 @@
+"""REST v1 shapes for jobs. Serializers validate shape; services enforce rules."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from rest_framework import serializers
+
+from ..models import MILLI_PER_GPU, Job, JobKind
+from ..selectors import job_gpu_uuids, queue_position
+
+MAX_COMMAND_ARGS = 1000
+MAX_ARG_LEN = 8192
+MAX_ENV = 200
+RESERVED_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
+
+
+class GpusField(serializers.Field):
+    """``gpus``: an integer count of whole GPUs, or 0.125 / 0.25 / 0.5 of one."""
+
+    default_error_messages = {
+        "invalid": "gpus must be a number: 1-8 whole GPUs, or 0.125, 0.25 or 0.5 for a shared slice",
+    }
+
+    def to_internal_value(self, data) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | float | str):
+            self.fail("invalid")
+        try:
+            value = Decimal(str(data))
+        except InvalidOperation:
+            self.fail("invalid")
+        if not value.is_finite() or value <= 0 or value > 8:
+            self.fail("invalid")
+        milli = value * MILLI_PER_GPU
+        if milli != milli.to_integral_value():
+            self.fail("invalid")
+        return int(milli)
+
+    def to_representation(self, value):
+        return value
+
+
+class EnvField(serializers.DictField):
+    child = serializers.CharField(allow_blank=True, max_length=MAX_ARG_LEN)
+
+    def to_internal_value(self, data):
+        env = super().to_internal_value(data)
+        if len(env) > MAX_ENV:
+            raise serializers.ValidationError(f"at most {MAX_ENV} variables")
+        for key in env:
+            if not key or not key.replace("_", "a").isalnum() or key[0].isdigit() or not key.isascii():
+                raise serializers.ValidationError(f"'{key}' is not a valid variable name (letters, digits, _)")
+            if key.upper().startswith(RESERVED_ENV_PREFIXES):
+                raise serializers.ValidationError(f"'{key}' is set by the platform and cannot be overridden")
+        return env
+
+
+class JobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    kind = serializers.ChoiceField(choices=JobKind.choices)
+    gpus = GpusField()
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=MAX_ARG_LEN, allow_blank=True),
+        min_length=1,
+        max_length=MAX_COMMAND_ARGS,
+    )
+    image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    env = EnvField(required=False, default=dict)
+    gpu_model = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    gpu_memory_mb = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False, allow_null=True)
+    priority = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+    max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=90 * 24 * 3600, required=False)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    gpus = serializers.SerializerMethodField()
+    priority = serializers.CharField(source="priority.name")
+    node = serializers.CharField(source="node.name", default=None)
+    gpu_uuids = serializers.SerializerMethodField()
+    isolation = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField()
+    estimated_start = serializers.SerializerMethodField()
+    max_runtime_seconds = serializers.IntegerField(source="max_runtime_s")
+    cost = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "gpus",
+            "mode",
+            "state",
+            "pending_reason",
+            "queue_position",
+            "estimated_start",
+            "priority",
+            "node",
+            "gpu_uuids",
+            "isolation",
+            "command",
+            "image",
+            "gpu_model",
+            "gpu_memory_mb",
+            "max_runtime_seconds",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "stop_reason",
+            "preemption_count",
+            "cost",
+            "usage",
+        ]
+
+    def get_gpus(self, job: Job):
+        gpus = job.gpus
+        return gpus if isinstance(gpus, int) else float(gpus)
+
+    def get_gpu_uuids(self, job: Job) -> list[str]:
+        return job_gpu_uuids(job)
+
+    def get_isolation(self, job: Job) -> str | None:
+        return job.isolation or None
+
+    def get_queue_position(self, job: Job) -> int | None:
+        return queue_position(job)
+
+    def get_estimated_start(self, job: Job):
+        return None
+
+    def get_cost(self, job: Job) -> str:
+        return str(job.cost.quantize(Decimal("0.000001")))
+
+    def get_usage(self, job: Job) -> dict:
+        seconds = job.gpu_ms / 1000
+        held_ms = job.gpu_ms * MILLI_PER_GPU // job.gpu_milli if job.gpu_milli else 0
+        return {
+            "gpu_seconds": round(seconds, 3),
+            "sm_util_avg": round(job.sm_util_ms / held_ms / job.gpu_count * 100, 1) if held_ms else None,
+            "memory_peak_mb": job.memory_peak_mb,
+            "energy_wh": round(job.energy_mj / 3_600_000, 4),
+        }

@@ -1,0 +1,191 @@
+"""Jobs, their GPU allocations, their state history and their logs."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django_scopes import ScopedManager
+
+from accounts.models import Tenant
+
+MILLI_PER_GPU = 1000
+
+
+class PriorityClass(models.Model):
+    name = models.SlugField(max_length=50, unique=True)
+    rank = models.IntegerField(help_text="Higher ranks go first.")
+    preemptible = models.BooleanField(default=False)
+    may_preempt = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="preempted_by")
+    min_runtime_s = models.PositiveIntegerField(default=0)
+    grace_period_s = models.PositiveIntegerField(default=30)
+    price_multiplier = models.DecimalField(max_digits=6, decimal_places=3, default=1)
+    default_for_kind = models.CharField(max_length=16, blank=True, help_text="training or inference")
+
+    class Meta:
+        ordering = ["-rank"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobKind(models.TextChoices):
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class JobMode(models.TextChoices):
+    DEDICATED = "dedicated"
+    SHARED = "shared"
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
+ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.RUNNING})
+
+# The job state machine, in one place. services.job_transition enforces it.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    JobState.QUEUED: frozenset({JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.SCHEDULED: frozenset(
+        {JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.LOST: frozenset({JobState.QUEUED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class Job(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    name = models.CharField(max_length=200, blank=True)
+    kind = models.CharField(max_length=16, choices=JobKind.choices)
+    mode = models.CharField(max_length=16, choices=JobMode.choices)
+    # GPUs asked for, in thousandths: 2 whole GPUs = 2000, a 1/8 slice = 125.
+    gpu_milli = models.PositiveIntegerField()
+    command = models.JSONField()
+    env = models.JSONField(default=dict, blank=True)
+    image = models.CharField(max_length=300, blank=True)
+    gpu_model = models.CharField(max_length=64, blank=True)
+    gpu_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    priority = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="jobs")
+    max_runtime_s = models.PositiveIntegerField()
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    pending_reason = models.CharField(max_length=200, blank=True)
+    node = models.ForeignKey("agents.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs")
+    isolation = models.CharField(max_length=16, blank=True)  # exclusive | mig | mps | none
+    preemption_count = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # Set when the platform asks the agent to stop the job: cancel, preempt,
+    # budget, lost...; the job's final state follows from it when the agent
+    # reports the exit.
+    stop_requested = models.CharField(max_length=16, blank=True)
+    stop_reason = models.CharField(max_length=200, blank=True)
+
+    # Running totals kept by billing.services.usage_windows_ingest in the same
+    # transaction as the windows themselves.
+    cost = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    gpu_ms = models.BigIntegerField(default=0)
+    sm_util_ms = models.BigIntegerField(default=0)
+    memory_peak_mb = models.PositiveIntegerField(default=0)
+    energy_mj = models.BigIntegerField(default=0)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "state"]), models.Index(fields=["state", "submitted_at"])]
+        constraints = [models.CheckConstraint(condition=models.Q(gpu_milli__gt=0), name="job_gpu_milli_positive")]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.state})"
+
+    @property
+    def gpus(self):
+        from decimal import Decimal
+
+        whole, rest = divmod(self.gpu_milli, MILLI_PER_GPU)
+        return whole if rest == 0 else Decimal(self.gpu_milli) / MILLI_PER_GPU
+
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs the job spans (a slice is on one GPU)."""
+        return max(1, self.gpu_milli // MILLI_PER_GPU)
+
+
+class Allocation(models.Model):
+    """A GPU (or a slice of one) held by a job. Released, never deleted."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey("agents.Gpu", on_delete=models.PROTECT, related_name="allocations")
+    share_milli = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    objects = models.Manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(share_milli__gt=0, share_milli__lte=1000), name="allocation_share_range"
+            ),
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=models.Q(share_milli=1000, released_at__isnull=True),
+                name="allocation_one_dedicated_holder",
+            ),
+        ]
+
+
+class JobEvent(models.Model):
+    """The job's timeline: every state change, with why."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    detail = models.CharField(max_length=300, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
+class JobLogChunk(models.Model):
+    """A piece of a job's output, at a byte offset; shipped by the agent."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.BigIntegerField()
+    data = models.BinaryField()
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["offset"]
+        constraints = [models.UniqueConstraint(fields=["job", "offset"], name="joblog_unique_offset")]

@@ -1,0 +1,67 @@
+"""Read queries for jobs."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from .models import Allocation, Job, JobLogChunk, JobState
+
+
+def jobs_for_tenant(*, tenant) -> QuerySet[Job]:
+    return Job.objects.filter(tenant=tenant).select_related("node", "priority")
+
+
+def job_gpu_uuids(job: Job) -> list[str]:
+    """The GPUs the job holds now, or held last (for a finished job)."""
+    allocations = sorted(job.allocations.all(), key=lambda a: (a.released_at is not None, a.gpu.index))
+    if not allocations:
+        return []
+    newest = max(a.created_at for a in allocations)
+    return [a.gpu.uuid for a in allocations if a.created_at == newest]
+
+
+def allocations_prefetch() -> str:
+    return "allocations__gpu"
+
+
+def queue_position(job: Job) -> int | None:
+    """1-based place among the queued jobs of the same or higher class (None unless queued)."""
+    if job.state != JobState.QUEUED:
+        return None
+    from django_scopes import scopes_disabled
+
+    with scopes_disabled():
+        ahead = Job.objects.filter(state=JobState.QUEUED, priority__rank__gt=job.priority.rank).count()
+        ahead += Job.objects.filter(
+            state=JobState.QUEUED, priority__rank=job.priority.rank, submitted_at__lt=job.submitted_at
+        ).count()
+    return ahead + 1
+
+
+def job_log_read(job: Job, *, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:
+    """Bytes of the job's output from ``offset`` (at most ``limit``), and the next offset."""
+    chunks = JobLogChunk.objects.filter(job=job, offset__gte=_chunk_start(job, offset)).order_by("offset")
+    out = bytearray()
+    next_offset = offset
+    for chunk in chunks.iterator():
+        data = bytes(chunk.data)
+        if chunk.offset > next_offset:
+            break  # a gap: wait for the missing chunk
+        start = next_offset - chunk.offset
+        if start >= len(data):
+            continue
+        piece = data[start : start + limit - len(out)]
+        out += piece
+        next_offset += len(piece)
+        if len(out) >= limit:
+            break
+    return bytes(out), next_offset
+
+
+def _chunk_start(job: Job, offset: int) -> int:
+    """Offset of the chunk that contains byte ``offset``."""
+    chunk = JobLogChunk.objects.filter(job=job, offset__lte=offset).order_by("-offset").values("offset").first()
+    return chunk["offset"] if chunk else 0
+
+
+__all__ = ["Allocation", "job_gpu_uuids", "job_log_read", "jobs_for_tenant", "queue_position"]

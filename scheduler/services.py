@@ -1,0 +1,412 @@
+"""Every write to jobs goes through here. Each service is one transaction.
+
+Messages to node agents (launch, stop) are sent after commit, so a pass that
+crashes never leaves a job half-placed or a launch for a rolled-back row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from accounts.models import Tenant
+from agents.models import Gpu, Node
+
+from . import placement
+from .locks import pass_lock_acquire
+from .models import (
+    ACTIVE_STATES,
+    MILLI_PER_GPU,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Allocation,
+    Job,
+    JobEvent,
+    JobKind,
+    JobLogChunk,
+    JobMode,
+    JobState,
+    PriorityClass,
+)
+
+log = logging.getLogger(__name__)
+
+SLICE_MILLI = frozenset({125, 250, 500})
+MAX_GPUS_PER_JOB = 8
+
+
+class JobError(Exception):
+    """A request the rules refuse; ``code`` is the API's machine-readable code."""
+
+    def __init__(self, message: str, *, code: str = "invalid", field: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def ms_to_dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def dt_to_ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    kind: str
+    gpu_milli: int
+    command: list[str]
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+    gpu_model: str = ""
+    gpu_memory_mb: int | None = None
+    priority: str = ""
+    max_runtime_s: int | None = None
+
+
+def priority_for(*, kind: str, name: str = "") -> PriorityClass:
+    if name:
+        found = PriorityClass.objects.filter(name=name).first()
+        if found is None:
+            known = ", ".join(PriorityClass.objects.values_list("name", flat=True)) or "none defined"
+            raise JobError(f"unknown priority class '{name}' (known: {known})", field="priority")
+        return found
+    found = PriorityClass.objects.filter(default_for_kind=kind).order_by("-rank").first()
+    found = found or PriorityClass.objects.order_by("rank").first()
+    if found is None:
+        raise JobError("the operator has not defined any priority class yet", code="conflict")
+    return found
+
+
+def job_mode_for(*, kind: str, gpu_milli: int) -> str:
+    if gpu_milli % MILLI_PER_GPU == 0:
+        return JobMode.DEDICATED
+    if kind != JobKind.INFERENCE:
+        raise JobError("training jobs take whole GPUs: gpus must be an integer from 1 to 8", field="gpus")
+    if gpu_milli not in SLICE_MILLI:
+        raise JobError("a shared slice is 0.125, 0.25 or 0.5 of a GPU", field="gpus")
+    return JobMode.SHARED
+
+
+def job_transition(job: Job, to_state: str, detail: str = "", *, save_fields: tuple[str, ...] = ()) -> None:
+    """Move ``job`` to ``to_state`` if the state machine allows it, and record it."""
+    if to_state not in TRANSITIONS[job.state]:
+        raise JobError(f"a {job.state} job cannot become {to_state}", code="conflict")
+    from_state = job.state
+    job.state = to_state
+    job.save(update_fields=["state", *save_fields])
+    JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state=from_state, to_state=to_state, detail=detail)
+
+
+def schedule_soon() -> None:
+    """Ask for a scheduling pass once the current transaction commits."""
+    from .tasks import schedule_pass_task
+
+    transaction.on_commit(schedule_pass_task.delay)
+
+
+@transaction.atomic
+def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+    if tenant.state != Tenant.State.ACTIVE:
+        raise JobError(f"tenant {tenant.slug} is {tenant.state} and cannot submit jobs", code="forbidden")
+    mode = job_mode_for(kind=spec.kind, gpu_milli=spec.gpu_milli)
+    if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
+        raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")
+    priority = priority_for(kind=spec.kind, name=spec.priority)
+    with scopes_disabled():
+        job = Job.objects.create(
+            tenant=tenant,
+            submitted_by=user if getattr(user, "pk", None) else None,
+            name=spec.name,
+            kind=spec.kind,
+            mode=mode,
+            gpu_milli=spec.gpu_milli,
+            command=list(spec.command),
+            env=dict(spec.env),
+            image=spec.image,
+            gpu_model=spec.gpu_model,
+            gpu_memory_mb=spec.gpu_memory_mb,
+            priority=priority,
+            max_runtime_s=spec.max_runtime_s or settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"],
+            pending_reason="waiting for the next scheduling pass",
+        )
+        JobEvent.objects.create(tenant=tenant, job=job, to_state=JobState.QUEUED, detail="submitted")
+    schedule_soon()
+    return job
+
+
+@dataclass
+class PassResult:
+    placed: int = 0
+    pending: int = 0
+
+
+def _fleet_state() -> tuple[list[placement.NodeSlot], dict[str, Gpu]]:
+    nodes: dict[str, placement.NodeSlot] = {}
+    gpus_by_uuid: dict[str, Gpu] = {}
+    for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
+        node = nodes.setdefault(
+            gpu.node.name, placement.NodeSlot(name=gpu.node.name, schedulable=gpu.node.schedulable)
+        )
+        node.gpus.append(
+            placement.GpuSlot(
+                uuid=gpu.uuid,
+                node=gpu.node.name,
+                model=gpu.model,
+                memory_mb=gpu.memory_mb,
+                reservation=gpu.reservation,
+                healthy=gpu.health == Gpu.Health.OK,
+            )
+        )
+        gpus_by_uuid[gpu.uuid] = gpu
+    slots = {g.uuid: g for n in nodes.values() for g in n.gpus}
+    for uuid, share in Allocation.objects.filter(released_at__isnull=True).values_list("gpu__uuid", "share_milli"):
+        slot = slots[uuid]
+        slot.used_milli += share
+        slot.dedicated = slot.dedicated or share == MILLI_PER_GPU
+    return list(nodes.values()), gpus_by_uuid
+
+
+def _request_for(job: Job) -> placement.Request:
+    shared = job.mode == JobMode.SHARED
+    return placement.Request(
+        job_id=job.pk,
+        tenant=str(job.tenant_id),
+        rank=job.priority.rank,
+        submitted_ms=dt_to_ms(job.submitted_at),
+        shared=shared,
+        count=1 if shared else job.gpu_milli // MILLI_PER_GPU,
+        share_milli=job.gpu_milli if shared else MILLI_PER_GPU,
+        gpu_model=job.gpu_model,
+        gpu_memory_mb=job.gpu_memory_mb or 0,
+    )
+
+
+@scopes_disabled()
+@transaction.atomic
+def schedule_pass() -> PassResult:
+    """Place what fits, record why the rest waits, dispatch after commit."""
+    pass_lock_acquire()
+    queued = list(Job.objects.filter(state=JobState.QUEUED).select_related("priority", "tenant"))
+    if not queued:
+        return PassResult()
+    nodes, gpus_by_uuid = _fleet_state()
+    jobs = {job.pk: job for job in queued}
+    decided = placement.plan(nodes, [_request_for(job) for job in queued])
+    now = timezone.now()
+    for decision in decided.placements:
+        job = jobs[decision.job_id]
+        gpus = [gpus_by_uuid[uuid] for uuid in decision.gpu_uuids]
+        Allocation.objects.bulk_create(
+            Allocation(tenant_id=job.tenant_id, job=job, gpu=gpu, share_milli=decision.share_milli) for gpu in gpus
+        )
+        job.node = gpus[0].node
+        job.scheduled_at = now
+        job.pending_reason = ""
+        job.attempt += 1
+        job.isolation = "exclusive" if job.mode == JobMode.DEDICATED else gpus[0].isolation
+        job_transition(
+            job,
+            JobState.SCHEDULED,
+            f"placed on {job.node.name} ({', '.join(decision.gpu_uuids)})",
+            save_fields=("node", "scheduled_at", "pending_reason", "attempt", "isolation"),
+        )
+        payload = launch_payload(job, list(decision.gpu_uuids), decision.share_milli)
+        transaction.on_commit(lambda node=job.node.name, p=payload: _send_to_node(node, "agent.launch", p))
+    for job_id, reason in decided.pending.items():
+        job = jobs[job_id]
+        if job.pending_reason != reason:
+            job.pending_reason = reason
+            job.save(update_fields=["pending_reason"])
+    return PassResult(placed=len(decided.placements), pending=len(decided.pending))
+
+
+def launch_payload(job: Job, gpu_uuids: list[str], share_milli: int) -> dict:
+    return {
+        "job_id": job.pk,
+        "attempt": job.attempt,
+        "tenant": job.tenant.slug,
+        "command": job.command,
+        "env": job.env,
+        "image": job.image,
+        "gpu_uuids": gpu_uuids,
+        "share_milli": share_milli,
+        "mode": job.mode,
+        "max_runtime_s": job.max_runtime_s,
+        "grace_s": job.priority.grace_period_s or settings.GPUSHARE["STOP_GRACE_S"],
+    }
+
+
+def _send_to_node(node_name: str, task: str, payload: dict) -> None:
+    from agents.dispatch import node_send
+
+    node_send(node_name, task, payload)
+
+
+def _job_for_node(node: Node, job_id: int, attempt: int | None) -> Job | None:
+    job = Job.objects.select_for_update().filter(pk=job_id).first()
+    if job is None or job.node_id != node.pk:
+        log.warning("node %s reported job %s that it does not hold; ignored", node.name, job_id)
+        return None
+    if attempt is not None and attempt != job.attempt:
+        log.info("node %s reported attempt %s of job %s (now %s); ignored", node.name, attempt, job_id, job.attempt)
+        return None
+    return job
+
+
+@scopes_disabled()
+@transaction.atomic
+def job_started(*, node: Node, job_id: int, attempt: int | None, at_ms: int) -> None:
+    job = _job_for_node(node, job_id, attempt)
+    if job is None or job.state != JobState.SCHEDULED:
+        return
+    job.started_at = ms_to_dt(at_ms)
+    job_transition(job, JobState.RUNNING, f"started on {node.name}", save_fields=("started_at",))
+
+
+def _final_state(job: Job, exit_code: int | None) -> str:
+    return {
+        "cancel": JobState.CANCELLED,
+        "preempt": JobState.PREEMPTED,
+    }.get(job.stop_requested, JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED)
+
+
+def allocations_release(job: Job, *, at=None) -> None:
+    Allocation.objects.filter(job=job, released_at__isnull=True).update(released_at=at or timezone.now())
+
+
+@scopes_disabled()
+@transaction.atomic
+def job_exited(
+    *,
+    node: Node,
+    job_id: int,
+    attempt: int | None,
+    exit_code: int | None,
+    at_ms: int,
+    reason: str = "",
+    lost: bool = False,
+) -> None:
+    """The agent saw the job's processes end (and the GPU free of them).
+
+    ``lost`` means the agent ended the job for its own reasons (shutting
+    down, the job was not running there): it is lost, not failed.
+    """
+    job = _job_for_node(node, job_id, attempt)
+    if job is None or job.state not in ACTIVE_STATES:
+        return
+    job.finished_at = ms_to_dt(at_ms)
+    if job.started_at is None:
+        job.started_at = job.finished_at
+    job.exit_code = exit_code
+    job.stop_reason = reason or job.stop_reason
+    final = JobState.LOST if lost and not job.stop_requested else _final_state(job, exit_code)
+    detail = reason or (f"exit code {exit_code}" if exit_code is not None else "ended")
+    job_transition(job, final, detail, save_fields=("finished_at", "started_at", "exit_code", "stop_reason"))
+    allocations_release(job)
+    if final == JobState.PREEMPTED:
+        job_requeue(job, detail="requeued after preemption")
+    elif final == JobState.LOST and settings.GPUSHARE["LOST_JOB_POLICY"] == "requeue":
+        job_requeue(job, detail="requeued after being lost")
+    schedule_soon()
+
+
+def job_requeue(job: Job, *, detail: str) -> None:
+    job.node = None
+    job.stop_requested = ""
+    job.pending_reason = "waiting for the next scheduling pass"
+    job.started_at = job.finished_at = job.exit_code = None
+    job_transition(
+        job,
+        JobState.QUEUED,
+        detail,
+        save_fields=("node", "stop_requested", "pending_reason", "started_at", "finished_at", "exit_code"),
+    )
+
+
+@scopes_disabled()
+@transaction.atomic
+def job_cancel(*, job: Job, actor=None, reason: str = "") -> Job:
+    """Cancel a queued job now; ask the agent to stop a placed one."""
+    job = Job.objects.select_for_update().select_related("node", "priority").get(pk=job.pk)
+    who = getattr(actor, "username", "") or "the platform"
+    reason = reason or f"cancelled by {who}"
+    if job.state in TERMINAL_STATES:
+        return job
+    if job.state in (JobState.QUEUED, JobState.PREEMPTED):
+        job.finished_at = timezone.now()
+        job.stop_reason = reason
+        job_transition(job, JobState.CANCELLED, reason, save_fields=("finished_at", "stop_reason"))
+        return job
+    job.stop_requested = "cancel"
+    job.stop_reason = reason
+    job.save(update_fields=["stop_requested", "stop_reason"])
+    JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state=job.state, to_state=job.state, detail=reason)
+    payload = {"job_id": job.pk, "attempt": job.attempt, "reason": reason, "grace_s": job.priority.grace_period_s}
+    transaction.on_commit(lambda: _send_to_node(job.node.name, "agent.stop", payload))
+    return job
+
+
+@scopes_disabled()
+@transaction.atomic
+def job_logs_append(*, node: Node, job_id: int, offset: int, data: bytes) -> None:
+    job = Job.objects.filter(pk=job_id, node=node).only("pk", "tenant_id").first()
+    if job is None:
+        log.warning("log chunk for job %s from node %s which does not hold it; dropped", job_id, node.name)
+        return
+    JobLogChunk.objects.bulk_create(
+        [JobLogChunk(tenant_id=job.tenant_id, job_id=job.pk, offset=offset, data=data)], ignore_conflicts=True
+    )
+
+
+@scopes_disabled()
+@transaction.atomic
+def node_jobs_lost(*, node: Node, reason: str) -> int:
+    """Mark every job placed on ``node`` lost, free its GPUs, requeue or fail per policy."""
+    policy = settings.GPUSHARE["LOST_JOB_POLICY"]
+    count = 0
+    for job in Job.objects.select_for_update().filter(node=node, state__in=ACTIVE_STATES):
+        job.finished_at = timezone.now()
+        job.stop_reason = reason
+        job_transition(job, JobState.LOST, reason, save_fields=("finished_at", "stop_reason"))
+        allocations_release(job)
+        if policy == "requeue":
+            job_requeue(job, detail="requeued after node loss")
+        count += 1
+    if count:
+        schedule_soon()
+    return count
+
+
+@scopes_disabled()
+@transaction.atomic
+def node_reconcile(*, node: Node, running: list[dict]) -> None:
+    """After an agent (re)starts: jobs it no longer runs are lost; jobs it runs
+    that the platform no longer expects there are stopped."""
+    reported = {(int(r["job_id"]), int(r.get("attempt", 0))) for r in running}
+    expected = {
+        (job.pk, job.attempt): job
+        for job in Job.objects.select_for_update().filter(node=node, state__in=ACTIVE_STATES)
+    }
+    policy = settings.GPUSHARE["LOST_JOB_POLICY"]
+    for key, job in expected.items():
+        if key in reported:
+            continue
+        reason = f"agent on {node.name} restarted and no longer runs this job"
+        job.finished_at = timezone.now()
+        job.stop_reason = reason
+        job_transition(job, JobState.LOST, reason, save_fields=("finished_at", "stop_reason"))
+        allocations_release(job)
+        if policy == "requeue":
+            job_requeue(job, detail="requeued after agent restart")
+    for job_id, attempt in reported - set(expected):
+        payload = {"job_id": job_id, "attempt": attempt, "reason": "not expected on this node", "grace_s": 5}
+        transaction.on_commit(lambda p=payload: _send_to_node(node.name, "agent.stop", p))
