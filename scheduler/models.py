@@ -86,7 +86,13 @@ class Job(models.Model):
     priority = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="jobs")
     max_runtime_s = models.PositiveIntegerField()
 
+    # Idempotent submission: the same key from the same tenant returns the
+    # original job; ``request_hash`` detects a different body under that key.
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
     pending_reason = models.CharField(max_length=200, blank=True)
     node = models.ForeignKey("agents.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs")
     isolation = models.CharField(max_length=16, blank=True)  # exclusive | mig | mps | none
@@ -117,7 +123,14 @@ class Job(models.Model):
     class Meta:
         ordering = ["-submitted_at", "-id"]
         indexes = [models.Index(fields=["tenant", "state"]), models.Index(fields=["state", "submitted_at"])]
-        constraints = [models.CheckConstraint(condition=models.Q(gpu_milli__gt=0), name="job_gpu_milli_positive")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(gpu_milli__gt=0), name="job_gpu_milli_positive"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="job_unique_idempotency_key",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.state})"

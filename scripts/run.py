@@ -69,7 +69,7 @@ def main() -> None:
   try:
     curl -s -X POST {base}/api/v1/jobs/ -H "Authorization: Bearer {acme['token']}" \\
       -H 'Content-Type: application/json' \\
-      -d '{{"kind": "training", "gpus": 1, "command": ["python3", "-c", "import os; print(os.environ[\\"CUDA_VISIBLE_DEVICES\\"])"]}}'
+      -d '{{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}}'
 
   (demo credentials are also in {var / 'demo.json'}; Ctrl-C stops everything)
 """,

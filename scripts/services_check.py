@@ -17,7 +17,7 @@ import time
 from urllib.parse import urlparse
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpushare")
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def postgres_ok() -> str | None:

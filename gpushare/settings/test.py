@@ -11,7 +11,7 @@ if not DATABASE_URL.startswith(("postgres://", "postgresql://")):
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = broker_options(REDIS_URL, VAR_DIR)
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
