@@ -63,3 +63,28 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index} {self.model}"
+
+
+class GpuOutage(models.Model):
+    """A period a GPU was out of service (health event, node down, operator).
+
+    The billing ledger reads these: held + idle + out-of-service seconds add
+    up to a GPU's seconds in a month.
+    """
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="outages")
+    started_at = models.DateTimeField(db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    reason = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["started_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(ended_at__isnull=True) | models.Q(ended_at__gte=models.F("started_at")),
+                name="gpu_outage_ordered",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} out {self.started_at:%Y-%m-%d %H:%M}: {self.reason}"
