@@ -57,6 +57,7 @@ class UsageWindow(models.Model):
     memory_avg_mb = models.PositiveIntegerField(default=0)
     memory_peak_mb = models.PositiveIntegerField(default=0)
     energy_mj = models.BigIntegerField(default=0)
+    priority_class = models.CharField(max_length=50, blank=True)
     price = models.ForeignKey(Price, on_delete=models.PROTECT, null=True, related_name="+")
     amount = models.DecimalField(max_digits=20, decimal_places=10)
     received_at = models.DateTimeField(auto_now_add=True)
@@ -70,3 +71,199 @@ class UsageWindow(models.Model):
             models.CheckConstraint(condition=models.Q(end_ms__gt=models.F("start_ms")), name="usage_window_positive"),
         ]
         indexes = [models.Index(fields=["tenant", "start_ms"])]
+
+
+class TenantDiscount(models.Model):
+    """A per-tenant discount in percent, in force from a date (until another, or forever).
+
+    Like prices, a discount never rewrites past usage: each instant is rated
+    with the discount in force at that instant.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    percent = models.DecimalField(max_digits=5, decimal_places=2)
+    effective_from = models.DateTimeField()
+    effective_until = models.DateTimeField(null=True, blank=True)
+    note = models.CharField(max_length=200, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["tenant_id", "effective_from"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(percent__gte=0, percent__lte=100), name="tenant_discount_percent_range"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(effective_until__isnull=True)
+                | models.Q(effective_until__gt=models.F("effective_from")),
+                name="tenant_discount_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} -{self.percent}% from {self.effective_from:%Y-%m-%d}"
+
+
+class Invoice(models.Model):
+    """A tenant's bill for one calendar month (UTC)."""
+
+    class State(models.TextChoices):
+        DRAFT = "draft"  # closed from usage, not yet sent to Stripe
+        OPEN = "open"  # finalized at Stripe, awaiting payment
+        PAID = "paid"
+        PAYMENT_FAILED = "payment_failed"
+        VOID = "void"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invoices")
+    month = models.DateField(help_text="First day of the month billed (UTC).")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.DRAFT, db_index=True)
+    currency = models.CharField(max_length=3, default="usd")
+    total = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    stripe_customer_id = models.CharField(max_length=64, blank=True)
+    stripe_invoice_id = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    first_failed_at = models.DateTimeField(null=True, blank=True)
+    failure_count = models.PositiveIntegerField(default=0)
+    failure_message = models.CharField(max_length=300, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["-month", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month"], name="invoice_unique_tenant_month"),
+            models.CheckConstraint(condition=models.Q(total__gte=0), name="invoice_total_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"invoice {self.pk} {self.tenant} {self.month:%Y-%m} ({self.state})"
+
+
+# The invoice state machine, in one place. services.invoice_transition enforces it.
+INVOICE_TRANSITIONS: dict[str, frozenset[str]] = {
+    Invoice.State.DRAFT: frozenset({Invoice.State.OPEN, Invoice.State.PAID, Invoice.State.VOID}),
+    Invoice.State.OPEN: frozenset({Invoice.State.PAID, Invoice.State.PAYMENT_FAILED, Invoice.State.VOID}),
+    Invoice.State.PAYMENT_FAILED: frozenset({Invoice.State.PAID, Invoice.State.PAYMENT_FAILED, Invoice.State.VOID}),
+    Invoice.State.PAID: frozenset(),
+    Invoice.State.VOID: frozenset(),
+}
+
+
+class InvoiceLine(models.Model):
+    """One line: a GPU model × mode × priority class × rate, rounded once to cents."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    gpu_model = models.CharField(max_length=64)
+    mode = models.CharField(max_length=16)
+    priority_class = models.CharField(max_length=50)
+    # The effective rate per GPU-hour: price × class multiplier × (1 - discount).
+    rate_per_gpu_hour = models.DecimalField(max_digits=20, decimal_places=10)
+    gpu_ms = models.BigIntegerField()
+    sm_util_ms = models.BigIntegerField(default=0)
+    memory_mb_ms = models.BigIntegerField(default=0)
+    energy_mj = models.BigIntegerField(default=0)
+    exact_amount = models.DecimalField(max_digits=24, decimal_places=10)
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    stripe_item_id = models.CharField(max_length=64, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["gpu_model", "mode", "priority_class", "rate_per_gpu_hour"]
+
+
+class Charge(models.Model):
+    """A rated piece of a usage window: the part of it under one price, discount and month.
+
+    A window that straddles a price change, a discount change or a month
+    boundary is split into one charge per piece; metered figures are split in
+    proportion to time, so the pieces add up exactly to the window.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    window = models.ForeignKey(UsageWindow, on_delete=models.CASCADE, related_name="charges")
+    job = models.ForeignKey("scheduler.Job", on_delete=models.CASCADE, related_name="+")
+    month = models.DateField()
+    start_ms = models.BigIntegerField()
+    end_ms = models.BigIntegerField()
+    gpu_model = models.CharField(max_length=64)
+    mode = models.CharField(max_length=16)
+    priority_class = models.CharField(max_length=50)
+    price = models.ForeignKey(Price, on_delete=models.PROTECT, null=True, related_name="+")
+    rate_per_gpu_hour = models.DecimalField(max_digits=20, decimal_places=10)
+    gpu_ms = models.BigIntegerField()
+    sm_util_ms = models.BigIntegerField(default=0)
+    memory_mb_ms = models.BigIntegerField(default=0)
+    energy_mj = models.BigIntegerField(default=0)
+    amount = models.DecimalField(max_digits=20, decimal_places=10)
+    # Set when the charge is put on an invoice; a charge that arrives after
+    # its month was closed goes on the tenant's next invoice.
+    invoice = models.ForeignKey(Invoice, on_delete=models.SET_NULL, null=True, blank=True, related_name="charges")
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["start_ms", "id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(end_ms__gt=models.F("start_ms")), name="charge_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "month"]),
+            models.Index(fields=["month", "invoice"]),
+            models.Index(fields=["job"]),
+        ]
+
+
+class StripeEvent(models.Model):
+    """A webhook event we have processed: a replay of the same id is ignored."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    received_at = models.DateTimeField(auto_now_add=True)
+    payload = models.JSONField()
+
+    class Meta:
+        ordering = ["-received_at"]
+
+
+class BillingPolicy(models.Model):
+    """Operator settings for collection (one row; see ``billing_policy()``)."""
+
+    payment_grace_days = models.PositiveIntegerField(
+        default=7, help_text="Days after the first failed payment before the tenant is suspended."
+    )
+    suspend_after_failures = models.PositiveIntegerField(
+        default=2, help_text="Failed payments on one invoice (within or after the grace) that allow suspension."
+    )
+    default_alert_percent = models.PositiveIntegerField(
+        default=80, help_text="Spend alert at this percent of the tenant's budget when it sets none."
+    )
+
+    class Meta:
+        verbose_name_plural = "billing policy"
+
+    def __str__(self) -> str:
+        return f"grace {self.payment_grace_days} d, suspend after {self.suspend_after_failures} failures"
+
+
+class SpendAlert(models.Model):
+    """A spend threshold crossed in a month: emailed once, shown by the portal."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField()
+    threshold = models.DecimalField(max_digits=14, decimal_places=2)
+    spend = models.DecimalField(max_digits=14, decimal_places=2)
+    created_at = models.DateTimeField(auto_now_add=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "month", "threshold"], name="spend_alert_unique_threshold")
+        ]
