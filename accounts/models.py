@@ -78,6 +78,82 @@ class AuditLog(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "action", "created_at"])]
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.action} {self.target}"
+
+
+class RunningJobsPolicy(models.TextChoices):
+    """What happens to a tenant's running jobs when its budget runs out or it is suspended."""
+
+    STOP = "stop", "stop them"
+    FINISH = "finish", "let them finish"
+
+
+class Limits(models.Model):
+    """The limit fields a Plan sets and a TenantQuota may override. Null means: no limit (on a
+    Plan) or: use the plan's value (on a TenantQuota)."""
+
+    max_dedicated_gpus = models.PositiveIntegerField(null=True, blank=True, help_text="whole GPUs held at once")
+    max_shared_milli = models.PositiveIntegerField(
+        null=True, blank=True, help_text="shared slice capacity held at once, in thousandths of a GPU"
+    )
+    max_gpus_per_job = models.PositiveIntegerField(null=True, blank=True)
+    max_open_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="jobs submitted and not finished (queued, placed or running)"
+    )
+    gpu_hours_per_month = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
+    monthly_spend_limit = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    budget_alert_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    on_budget_exhausted = models.CharField(max_length=8, choices=RunningJobsPolicy.choices, blank=True)
+    on_suspended = models.CharField(max_length=8, choices=RunningJobsPolicy.choices, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Plan(Limits):
+    """Default limits for the tenants on it. The plan named ``default`` applies to tenants without one."""
+
+    name = models.SlugField(max_length=50, unique=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantQuota(Limits):
+    """The operator's per-tenant settings: a plan, and overrides of its limits."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, null=True, blank=True, related_name="tenants")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    def __str__(self) -> str:
+        return f"quota of {self.tenant}"
+
+
+class Invitation(models.Model):
+    """A one-time invite link sent by email; only a hash of its secret is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invite {self.email} to {self.tenant} as {self.role}"

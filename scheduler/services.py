@@ -16,6 +16,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
+from accounts.quotas import submission_check
 from agents.models import Gpu, Node
 
 from . import placement
@@ -120,6 +121,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
     mode = job_mode_for(kind=spec.kind, gpu_milli=spec.gpu_milli)
     if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
         raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")
+    submission_check(tenant=tenant, mode=mode, gpu_milli=spec.gpu_milli)
     priority = priority_for(kind=spec.kind, name=spec.priority)
     with scopes_disabled():
         job = Job.objects.create(

@@ -163,6 +163,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "scheduler-pass": {"task": "scheduler.pass", "schedule": 5.0},
     "agents-check-nodes": {"task": "agents.check_nodes", "schedule": 5.0},
+    "accounts-budgets-enforce": {"task": "accounts.budgets_enforce", "schedule": 60.0},
 }
 
 # --- gpushare -------------------------------------------------------------

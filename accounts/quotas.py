@@ -1,0 +1,280 @@
+"""Quotas and budgets: what a tenant may hold, submit and spend.
+
+Limits come from the tenant's ``TenantQuota`` (the operator's overrides), then
+its plan, then the plan named ``default``; a limit left empty everywhere is no
+limit. Three uses:
+
+- ``submission_check`` runs inside ``scheduler.services.job_submit`` under a
+  row lock on the tenant, so concurrent submits are serialised per tenant and
+  can never pass a limit together. It refuses a job that can never fit
+  (``quota_exceeded``: the message names the limit) and any job once the
+  month's GPU-hours or spend is used up (``budget_exhausted``).
+- ``tenant_limits_for_scheduling`` gives the scheduler what a tenant may hold
+  at once; a job that fits the limits but not right now waits, with the
+  limit named in ``pending_reason``.
+- ``budgets_enforce`` (Celery beat, ``accounts.budgets_enforce``) sends the
+  alert at the threshold and stops running jobs of exhausted tenants when the
+  operator's setting says ``stop``.
+
+Month usage is the sum of ``billing.UsageWindow`` (``gpu_ms``, ``amount``)
+whose window starts in the current calendar month (UTC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db.models import Sum
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from .models import Plan, RunningJobsPolicy, Tenant, TenantQuota
+
+MS_PER_HOUR = 3_600_000
+MILLI_PER_GPU = 1000
+DEFAULT_ALERT_PERCENT = 80
+DEFAULT_PLAN = "default"
+
+QUOTA_EXCEEDED = "quota_exceeded"
+BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A tenant's effective limits; None means no limit."""
+
+    max_dedicated_gpus: int | None = None
+    max_shared_milli: int | None = None
+    max_gpus_per_job: int | None = None
+    max_open_jobs: int | None = None
+    gpu_hours_per_month: Decimal | None = None
+    monthly_spend_limit: Decimal | None = None
+    budget_alert_percent: int = DEFAULT_ALERT_PERCENT
+    on_budget_exhausted: str = RunningJobsPolicy.STOP
+    on_suspended: str = RunningJobsPolicy.STOP
+
+
+@dataclass(frozen=True)
+class MonthUsage:
+    gpu_ms: int = 0
+    spend: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """What the scheduler needs: capacity a tenant may hold at once (None: no limit).
+
+    ``blocked_reason`` is set when the tenant may not start anything now
+    (suspended, budget exhausted): keep its queued jobs queued with that reason.
+    """
+
+    max_dedicated_gpus: int | None
+    max_shared_milli: int | None
+    blocked_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    message: str
+    field: str | None = None  # the request field at fault, when it is the job's size
+
+
+# --- pure rules ----------------------------------------------------------------
+
+
+def limits_merge(*layers) -> Limits:
+    """The first non-empty value of each field, from the most specific layer down."""
+    values = {}
+    for f in fields(Limits):
+        for layer in layers:
+            value = getattr(layer, f.name, None) if layer is not None else None
+            if value not in (None, ""):
+                values[f.name] = value
+                break
+    return Limits(**values)
+
+
+def budget_refusal(limits: Limits, usage: MonthUsage) -> Refusal | None:
+    if limits.gpu_hours_per_month is not None and usage.gpu_ms >= limits.gpu_hours_per_month * MS_PER_HOUR:
+        used = Decimal(usage.gpu_ms) / MS_PER_HOUR
+        return Refusal(
+            BUDGET_EXHAUSTED,
+            f"this month's GPU-hours are used up ({used:.3f} of the limit gpu_hours_per_month="
+            f"{limits.gpu_hours_per_month}); new jobs are refused until next month or a higher limit",
+        )
+    if limits.monthly_spend_limit is not None and usage.spend >= limits.monthly_spend_limit:
+        return Refusal(
+            BUDGET_EXHAUSTED,
+            f"this month's spend limit is reached ({usage.spend:.2f} of monthly_spend_limit="
+            f"{limits.monthly_spend_limit}); new jobs are refused until next month or a higher limit",
+        )
+    return None
+
+
+def admission_refusal(limits: Limits, usage: MonthUsage, *, open_jobs: int, mode: str, gpu_milli: int):
+    """Why a job may not be submitted now, or None. ``mode`` is dedicated or shared."""
+    gpus = max(1, gpu_milli // MILLI_PER_GPU)
+    if limits.max_gpus_per_job is not None and gpus > limits.max_gpus_per_job:
+        return Refusal(
+            QUOTA_EXCEEDED, f"the job asks for {gpus} GPUs; the limit max_gpus_per_job is {limits.max_gpus_per_job}",
+            "gpus",
+        )
+    if mode == "dedicated" and limits.max_dedicated_gpus is not None and gpus > limits.max_dedicated_gpus:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"the job asks for {gpus} dedicated GPUs; the limit max_dedicated_gpus (held at once) is "
+            f"{limits.max_dedicated_gpus}, so it could never start",
+            "gpus",
+        )
+    if mode == "shared" and limits.max_shared_milli is not None and gpu_milli > limits.max_shared_milli:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"the job asks for {gpu_milli / MILLI_PER_GPU:g} of a shared GPU; the limit max_shared_capacity "
+            f"(held at once) is {limits.max_shared_milli / MILLI_PER_GPU:g}, so it could never start",
+            "gpus",
+        )
+    if limits.max_open_jobs is not None and open_jobs >= limits.max_open_jobs:
+        return Refusal(
+            QUOTA_EXCEEDED,
+            f"the tenant already has {open_jobs} unfinished jobs; the limit max_open_jobs is {limits.max_open_jobs}",
+        )
+    return budget_refusal(limits, usage)
+
+
+def alert_due(limits: Limits, usage: MonthUsage) -> bool:
+    """Usage has reached the alert threshold of a GPU-hour or spend limit."""
+    share = Decimal(limits.budget_alert_percent) / 100
+    if limits.gpu_hours_per_month is not None and usage.gpu_ms >= limits.gpu_hours_per_month * MS_PER_HOUR * share:
+        return True
+    return limits.monthly_spend_limit is not None and usage.spend >= limits.monthly_spend_limit * share
+
+
+# --- reads ---------------------------------------------------------------------
+
+
+def month_start(now: datetime | None = None) -> datetime:
+    now = (now or timezone.now()).astimezone(UTC)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def month_bounds_ms(now: datetime | None = None) -> tuple[int, int]:
+    start = month_start(now)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+
+
+@scopes_disabled()
+def limits_for(tenant: Tenant) -> Limits:
+    quota = TenantQuota.objects.select_related("plan").filter(tenant_id=tenant.pk).first()
+    plan = quota.plan if quota and quota.plan_id else None
+    default = Plan.objects.filter(name=DEFAULT_PLAN).first()
+    return limits_merge(quota, plan, default)
+
+
+@scopes_disabled()
+def month_usage(tenant: Tenant, *, now: datetime | None = None) -> MonthUsage:
+    return month_usages([tenant.pk], now=now).get(tenant.pk, MonthUsage())
+
+
+@scopes_disabled()
+def month_usages(tenant_ids=None, *, now: datetime | None = None) -> dict[int, MonthUsage]:
+    """This month's usage per tenant id (all tenants when ``tenant_ids`` is None)."""
+    from billing.models import UsageWindow
+
+    start_ms, end_ms = month_bounds_ms(now)
+    rows = UsageWindow.objects.filter(start_ms__gte=start_ms, start_ms__lt=end_ms)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=list(tenant_ids))
+    totals = rows.values("tenant_id").annotate(gpu_ms=Sum("gpu_ms"), spend=Sum("amount"))
+    return {r["tenant_id"]: MonthUsage(gpu_ms=r["gpu_ms"] or 0, spend=r["spend"] or Decimal(0)) for r in totals}
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """A tenant's month against its limits (for the portal and the API)."""
+
+    limits: Limits
+    usage: MonthUsage
+    gpu_hours_used: Decimal
+    gpu_hours_percent: Decimal | None
+    spend_percent: Decimal | None
+    alert: bool
+    exhausted: bool
+
+
+def budget_status(tenant: Tenant, *, now: datetime | None = None) -> BudgetStatus:
+    limits, usage = limits_for(tenant), month_usage(tenant, now=now)
+    hours = (Decimal(usage.gpu_ms) / MS_PER_HOUR).quantize(Decimal("0.001"))
+    hours_pct = (
+        (Decimal(usage.gpu_ms) / (limits.gpu_hours_per_month * MS_PER_HOUR) * 100).quantize(Decimal("0.1"))
+        if limits.gpu_hours_per_month
+        else None
+    )
+    spend_pct = (
+        (usage.spend / limits.monthly_spend_limit * 100).quantize(Decimal("0.1"))
+        if limits.monthly_spend_limit
+        else None
+    )
+    return BudgetStatus(
+        limits=limits,
+        usage=usage,
+        gpu_hours_used=hours,
+        gpu_hours_percent=hours_pct,
+        spend_percent=spend_pct,
+        alert=alert_due(limits, usage),
+        exhausted=budget_refusal(limits, usage) is not None,
+    )
+
+
+@scopes_disabled()
+def tenant_limits_for_scheduling(*, now: datetime | None = None) -> dict[int, TenantLimits]:
+    """Per tenant id: what it may hold at once. Tenants without any limit are left out."""
+    quotas = {q.tenant_id: q for q in TenantQuota.objects.select_related("plan")}
+    default = Plan.objects.filter(name=DEFAULT_PLAN).first()
+    usages = month_usages(now=now)
+    out: dict[int, TenantLimits] = {}
+    for tenant_id, state in Tenant.objects.values_list("pk", "state"):
+        quota = quotas.get(tenant_id)
+        limits = limits_merge(quota, quota.plan if quota else None, default)
+        blocked = ""
+        if state != Tenant.State.ACTIVE:
+            blocked = f"the tenant is {state}"
+        else:
+            refusal = budget_refusal(limits, usages.get(tenant_id, MonthUsage()))
+            blocked = refusal.message.split(";")[0] if refusal else ""
+        if blocked or limits.max_dedicated_gpus is not None or limits.max_shared_milli is not None:
+            out[tenant_id] = TenantLimits(
+                max_dedicated_gpus=0 if blocked else limits.max_dedicated_gpus,
+                max_shared_milli=0 if blocked else limits.max_shared_milli,
+                blocked_reason=blocked,
+            )
+    return out
+
+
+# --- admission (inside job_submit's transaction) ---------------------------------
+
+
+@scopes_disabled()
+def submission_check(*, tenant: Tenant, mode: str, gpu_milli: int) -> None:
+    """Refuse a submission the tenant's quotas or budget forbid (raises ``JobError``).
+
+    Takes a row lock on the tenant for the rest of the caller's transaction:
+    concurrent submits of one tenant are serialised, so the count of open jobs
+    they see is always the committed one.
+    """
+    from scheduler.models import TERMINAL_STATES, Job
+    from scheduler.services import JobError
+
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if locked.state != Tenant.State.ACTIVE:
+        raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
+    limits = limits_for(locked)
+    open_jobs = 0
+    if limits.max_open_jobs is not None:
+        open_jobs = Job.objects.filter(tenant_id=locked.pk).exclude(state__in=TERMINAL_STATES).count()
+    refusal = admission_refusal(limits, month_usage(locked), open_jobs=open_jobs, mode=mode, gpu_milli=gpu_milli)
+    if refusal is not None:
+        raise JobError(refusal.message, code=refusal.code, field=refusal.field)
