@@ -338,7 +338,7 @@ def job_requeue(job: Job, *, detail: str) -> None:
 @transaction.atomic
 def job_cancel(*, job: Job, actor=None, reason: str = "") -> Job:
     """Cancel a queued job now; ask the agent to stop a placed one."""
-    job = Job.objects.select_for_update().select_related("node", "priority").get(pk=job.pk)
+    job = Job.objects.select_for_update(of=("self",)).select_related("node", "priority").get(pk=job.pk)
     who = getattr(actor, "username", "") or "the platform"
     reason = reason or f"cancelled by {who}"
     if job.state in TERMINAL_STATES:
