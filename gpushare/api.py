@@ -8,15 +8,21 @@ unauthenticated, forbidden, conflict, rate_limited.
 from __future__ import annotations
 
 import contextlib
+import logging
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django_scopes import scope
-from rest_framework import exceptions, permissions, status
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import exceptions, pagination, permissions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from accounts.authentication import TokenPrincipal
+
+from .throttling import rate_text
 
 
 class ApiError(exceptions.APIException):
@@ -29,6 +35,21 @@ class ApiError(exceptions.APIException):
         self.fields = fields or {}
 
 
+ERROR_CODES = (
+    "invalid",
+    "not_found",
+    "quota_exceeded",
+    "budget_exhausted",
+    "unauthenticated",
+    "forbidden",
+    "conflict",
+    "rate_limited",
+    "too_large",
+    "server_error",
+)
+
+log = logging.getLogger(__name__)
+
 _CODE_BY_STATUS = {
     400: "invalid",
     401: "unauthenticated",
@@ -37,7 +58,7 @@ _CODE_BY_STATUS = {
     405: "invalid",
     406: "invalid",
     409: "conflict",
-    413: "invalid",
+    413: "too_large",
     415: "invalid",
     429: "rate_limited",
 }
@@ -68,9 +89,18 @@ def exception_handler(exc, context):
         message = _flatten(getattr(exc, "detail", str(exc)))
     if isinstance(exc, exceptions.NotAuthenticated):
         message = "Authentication required: send 'Authorization: Bearer <token>'."
+    elif isinstance(exc, exceptions.Throttled):
+        message = f"Too many requests for this token ({rate_text()}); retry in {exc.wait or 1:.0f} s."
     body = {"error": {"code": code, "message": message, "fields": fields}}
     response.data = body
     return response
+
+
+class Pagination(pagination.PageNumberPagination):
+    """``?page=N`` (from 1) and ``?page_size=N`` (default 50, at most 500)."""
+
+    page_size_query_param = "page_size"
+    max_page_size = 500
 
 
 class HasTenant(permissions.BasePermission):
@@ -125,3 +155,108 @@ class TenantScopedMixin:
 
 def error_response(message: str, *, code: str, status_code: int = status.HTTP_400_BAD_REQUEST, fields=None):
     return Response({"error": {"code": code, "message": message, "fields": fields or {}}}, status=status_code)
+
+
+# --- The error shape in the OpenAPI schema ----------------------------------
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "accounts.authentication.BearerTokenAuthentication"
+    name = "bearerToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A tenant API token (gps_...), created in the portal: `Authorization: Bearer <token>`.",
+        }
+
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(choices=ERROR_CODES)
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()
+
+
+def _error_response(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+ERROR_RESPONSES = {
+    400: _error_response("invalid: the request breaks a rule stated in the message."),
+    401: _error_response("unauthenticated: no, unknown, revoked or expired token."),
+    403: _error_response("forbidden / quota_exceeded: the token or tenant may not do this."),
+    404: _error_response("not_found: no such object for this tenant."),
+    409: _error_response("conflict: the object's state (or an Idempotency-Key) does not allow it."),
+    413: _error_response("too_large: the request body is over the limit."),
+    429: _error_response("rate_limited: too many requests for this token; see Retry-After."),
+}
+
+
+# --- Django-level errors on /api/ paths --------------------------------------
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "fields": {}}}, status=status_code)
+
+
+class ApiBodyLimitMiddleware:
+    """Refuse an /api/ request body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` with 413, before anything reads it.
+
+    DRF's parsers read the raw stream, so Django's own check never fires for them.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and _is_api(request):
+            raw = request.META.get("CONTENT_LENGTH") or "0"
+            length = int(raw) if raw.isascii() and raw.isdigit() else -1
+            if length < 0:
+                return _json_error(400, "invalid", "Content-Length must be a non-negative integer.")
+            if length > limit:
+                return _json_error(413, "too_large", f"The request body is {length} bytes; the limit is {limit}.")
+        return self.get_response(request)
+
+
+def page_not_found(request, exception=None):
+    from django.views.defaults import page_not_found as html_404
+
+    if _is_api(request):
+        return _json_error(404, "not_found", f"No API endpoint at {request.path!r}; see /api/docs/.")
+    return html_404(request, exception)
+
+
+def bad_request(request, exception=None):
+    from django.views.defaults import bad_request as html_400
+
+    if _is_api(request):
+        return _json_error(400, "invalid", "Bad request.")
+    return html_400(request, exception)
+
+
+def permission_denied(request, exception=None):
+    from django.views.defaults import permission_denied as html_403
+
+    if _is_api(request):
+        return _json_error(403, "forbidden", "You may not do this.")
+    return html_403(request, exception)
+
+
+def server_error(request):
+    from django.views.defaults import server_error as html_500
+
+    if _is_api(request):
+        return _json_error(500, "server_error", "Internal error; it has been logged.")
+    return html_500(request)

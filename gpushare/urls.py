@@ -1,6 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+# /api/ paths answer Django-level errors in the API's error shape (gpushare/api.py).
+handler400 = "gpushare.api.bad_request"
+handler403 = "gpushare.api.permission_denied"
+handler404 = "gpushare.api.page_not_found"
+handler500 = "gpushare.api.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -8,5 +14,6 @@ urlpatterns = [
     path("api/v1/", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
-    path("", include("gpushare.portal_urls")),
+    path("api/docs/try/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-try"),
+    path("", include("portal.urls")),
 ]

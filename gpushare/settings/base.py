@@ -63,6 +63,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "gpushare.api.ApiBodyLimitMiddleware",
 ]
 
 ROOT_URLCONF = "gpushare.urls"
@@ -130,12 +131,24 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "gpushare.api.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"token": os.environ.get("GPUSHARE_API_RATE", "600/min")},
     "UNAUTHENTICATED_USER": None,
+}
+# Request bodies over this are refused (413 on /api/; see gpushare.api.ApiBodyLimitMiddleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1 << 20
+# The API's rate-limit counters: shared through Redis when there is one.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["REDIS_URL"]}
+        if os.environ.get("REDIS_URL")
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpushare API",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import MILLI_PER_GPU, Job, JobKind
-from ..selectors import job_gpu_uuids, queue_position
+from ..models import MILLI_PER_GPU, Job, JobKind, JobState
+from .selectors import job_gpu_uuids, queue_positions
 
 MAX_COMMAND_ARGS = 1000
 MAX_ARG_LEN = 8192
@@ -15,6 +17,14 @@ MAX_ENV = 200
 RESERVED_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 1, "maximum": 8},
+            {"type": "number", "enum": [0.125, 0.25, 0.5]},
+        ]
+    }
+)
 class GpusField(serializers.Field):
     """``gpus``: an integer count of whole GPUs, or 0.125 / 0.25 / 0.5 of one."""
 
@@ -72,14 +82,26 @@ class JobCreateSerializer(serializers.Serializer):
     max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=90 * 24 * 3600, required=False)
 
 
+class JobUsageSerializer(serializers.Serializer):
+    gpu_seconds = serializers.FloatField(help_text="Allocated GPU-seconds (x the fraction for a slice).")
+    sm_util_avg = serializers.FloatField(allow_null=True, help_text="Mean SM utilisation over the job's GPUs, %.")
+    memory_peak_mb = serializers.IntegerField()
+    energy_wh = serializers.FloatField()
+
+
+ISOLATION_CHOICES = ["exclusive", "mig", "mps", "none"]
+
+
 class JobSerializer(serializers.ModelSerializer):
+    """The job as the API shows it. ``queue_positions`` in the context (job id -> position) saves a query per job."""
+
     gpus = serializers.SerializerMethodField()
     priority = serializers.CharField(source="priority.name")
-    node = serializers.CharField(source="node.name", default=None)
+    node = serializers.CharField(source="node.name", default=None, allow_null=True)
     gpu_uuids = serializers.SerializerMethodField()
     isolation = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
-    estimated_start = serializers.SerializerMethodField()
+    estimated_start = serializers.DateTimeField(source="estimated_start_at", allow_null=True)
     max_runtime_seconds = serializers.IntegerField(source="max_runtime_s")
     cost = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
@@ -114,26 +136,35 @@ class JobSerializer(serializers.ModelSerializer):
             "cost",
             "usage",
         ]
+        read_only_fields = fields
 
+    @extend_schema_field(OpenApiTypes.NUMBER)
     def get_gpus(self, job: Job):
         gpus = job.gpus
         return gpus if isinstance(gpus, int) else float(gpus)
 
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_gpu_uuids(self, job: Job) -> list[str]:
         return job_gpu_uuids(job)
 
+    @extend_schema_field(serializers.ChoiceField(choices=ISOLATION_CHOICES, allow_null=True))
     def get_isolation(self, job: Job) -> str | None:
         return job.isolation or None
 
+    @extend_schema_field(serializers.IntegerField(allow_null=True, min_value=1))
     def get_queue_position(self, job: Job) -> int | None:
-        return queue_position(job)
+        if job.state != JobState.QUEUED:
+            return None
+        positions = self.context.get("queue_positions")
+        if positions is None:
+            positions = queue_positions(job_ids=[job.pk])
+        return positions.get(job.pk)
 
-    def get_estimated_start(self, job: Job):
-        return None
-
+    @extend_schema_field(OpenApiTypes.DECIMAL)
     def get_cost(self, job: Job) -> str:
         return str(job.cost.quantize(Decimal("0.000001")))
 
+    @extend_schema_field(JobUsageSerializer)
     def get_usage(self, job: Job) -> dict:
         seconds = job.gpu_ms / 1000
         held_ms = job.gpu_ms * MILLI_PER_GPU // job.gpu_milli if job.gpu_milli else 0
@@ -143,3 +174,27 @@ class JobSerializer(serializers.ModelSerializer):
             "memory_peak_mb": job.memory_peak_mb,
             "energy_wh": round(job.energy_mj / 3_600_000, 4),
         }
+
+
+class JobLogSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    offset = serializers.IntegerField(help_text="The byte offset this answer starts at.")
+    next_offset = serializers.IntegerField(help_text="Ask again from here to follow the log.")
+    data = serializers.CharField(help_text="Log text (UTF-8; undecodable bytes replaced).")
+    complete = serializers.BooleanField(help_text="The job has ended and every byte of its log is here.")
+
+
+class MetricPointSerializer(serializers.Serializer):
+    start_ms = serializers.IntegerField()
+    end_ms = serializers.IntegerField()
+    sm_util_pct = serializers.FloatField()
+    memory_avg_mb = serializers.IntegerField()
+    memory_peak_mb = serializers.IntegerField()
+    power_w = serializers.FloatField()
+    gpu_seconds = serializers.FloatField()
+
+
+class JobMetricsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    bucket_ms = serializers.IntegerField(help_text="Width of a point in ms (windows are merged to bound the size).")
+    points = MetricPointSerializer(many=True)

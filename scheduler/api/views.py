@@ -2,31 +2,91 @@
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from datetime import timedelta
+
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from gpushare.api import ApiError, TenantScopedMixin
+from accounts.permissions import RoleAllows
+from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 
 from .. import services
+from ..models import TERMINAL_STATES, Job
 from ..selectors import job_log_read, jobs_for_tenant
-from .serializers import JobCreateSerializer, JobSerializer
+from .filters import JobFilter
+from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
+from .selectors import job_metric_series, queue_positions
+from .serializers import JobCreateSerializer, JobLogSerializer, JobMetricsSerializer, JobSerializer
 
 MAX_LOG_READ = 1 << 20
+# The agent ships a job's last log bytes just before it reports the exit, but
+# the worker may store them in either order: a log is complete only once the
+# job has been over for this long and nothing more arrived.
+LOG_SETTLE = timedelta(seconds=3)
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Any unique string (a UUID, or CI's run id + step). Within 24 h, the same key from the same tenant "
+        "returns the job it created (200) instead of creating another; the same key with a different body is a 409."
+    ),
+)
 
 
+def _job_error(exc: services.JobError) -> ApiError:
+    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 402}.get(exc.code, 400)
+    fields = {exc.field: [str(exc)]} if exc.field else {}
+    return ApiError(str(exc), code=exc.code, status_code=status_code, fields=fields)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List the tenant's jobs", responses={200: JobSerializer(many=True), **ERROR_RESPONSES}),
+    retrieve=extend_schema(summary="Get a job", responses={200: JobSerializer, **ERROR_RESPONSES}),
+)
 class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = JobSerializer
-    filterset_fields = ["state", "kind"]
+    filterset_class = JobFilter
+    permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]
     required_scopes = {"GET": "jobs:read", "POST": "jobs:write"}
+    required_actions = {"cancel": "jobs.cancel", "GET": "jobs.read", "POST": "jobs.submit"}
+    owner_field = "submitted_by_id"
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view's shape
+            return Job.objects.none()
         return jobs_for_tenant(tenant=self.tenant).prefetch_related("allocations__gpu")
 
-    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        positions = queue_positions(job_ids=[job.pk for job in page])
+        context = {**self.get_serializer_context(), "queue_positions": positions}
+        serializer = JobSerializer(page, many=True, context=context)
+        return self.get_paginated_response(serializer.data)
+
+    @extend_schema(
+        summary="Submit a job",
+        request=JobCreateSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: OpenApiResponse(JobSerializer, description="Created."),
+            200: OpenApiResponse(JobSerializer, description="The job this Idempotency-Key created earlier."),
+            **ERROR_RESPONSES,
+        },
+    )
     def create(self, request):
+        key = request.headers.get("Idempotency-Key", "").strip()
+        if len(key) > MAX_KEY_LENGTH or not key.isprintable() or not key.isascii():
+            raise ApiError(
+                f"Idempotency-Key must be printable ASCII of at most {MAX_KEY_LENGTH} characters",
+                fields={"Idempotency-Key": ["invalid"]},
+            )
         data = JobCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -43,35 +103,61 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             max_runtime_s=v.get("max_runtime_seconds"),
         )
         try:
-            job = services.job_submit(tenant=self.tenant, user=request.user, spec=spec)
+            submitted = job_submit_idempotent(tenant=self.tenant, user=request.user, spec=spec, idempotency_key=key)
         except services.JobError as exc:
-            status_code = {"forbidden": 403, "conflict": 409}.get(exc.code, 400)
-            fields = {exc.field: [str(exc)]} if exc.field else {}
-            raise ApiError(str(exc), code=exc.code, status_code=status_code, fields=fields) from exc
-        job = self.get_queryset().get(pk=job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+            raise _job_error(exc) from exc
+        job = self.get_queryset().get(pk=submitted.job.pk)
+        return Response(
+            JobSerializer(job).data, status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK
+        )
 
-    @extend_schema(request=None, responses={202: JobSerializer})
+    @extend_schema(
+        summary="Cancel a job",
+        description="A queued job is cancelled at once; a placed or running one is stopped gracefully "
+        "(signal, then the class's grace period). Cancelling a finished job changes nothing.",
+        request=None,
+        responses={202: JobSerializer, **ERROR_RESPONSES},
+    )
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = self.get_object()
-        services.job_cancel(job=job, actor=request.user)
+        try:
+            services.job_cancel(job=job, actor=request.user)
+        except services.JobError as exc:
+            raise _job_error(exc) from exc
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(parameters=[OpenApiParameter("offset", int, description="byte offset to read from")])
-    @action(detail=True, methods=["get"])
+    @extend_schema(
+        summary="Read a job's log",
+        description="Log text from byte `offset`, at most 1 MiB per call. Follow a job by asking again from "
+        "`next_offset` until `complete` is true.",
+        parameters=[OpenApiParameter("offset", OpenApiTypes.INT, description="byte offset to read from (default 0)")],
+        responses={200: JobLogSerializer, **ERROR_RESPONSES},
+    )
+    @action(detail=True, methods=["get"], filterset_class=None)
     def logs(self, request, pk=None):
-        job = get_object_or_404(self.get_queryset(), pk=pk)
+        job = self.get_object()
         raw = request.query_params.get("offset", "0")
-        if not raw.isdigit() or len(raw) > 15:
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 15:
             raise ApiError("offset must be a non-negative integer byte offset", fields={"offset": ["invalid"]})
         data, next_offset = job_log_read(job, offset=int(raw), limit=MAX_LOG_READ)
-        return Response(
-            {
-                "job": job.pk,
-                "offset": int(raw),
-                "next_offset": next_offset,
-                "data": data.decode("utf-8", errors="replace"),
-                "complete": job.finished_at is not None and not data,
-            }
-        )
+        settled = job.state in TERMINAL_STATES and job.finished_at and job.finished_at < timezone.now() - LOG_SETTLE
+        body = {
+            "job": job.pk,
+            "offset": int(raw),
+            "next_offset": next_offset,
+            "data": data.decode("utf-8", errors="replace"),
+            "complete": bool(settled and not data),
+        }
+        return Response(body)
+
+    @extend_schema(
+        summary="A job's GPU metrics over time",
+        description="One point per metering window (merged into at most 500 points for long jobs): SM "
+        "utilisation %, average and peak GPU memory, mean power.",
+        responses={200: JobMetricsSerializer, **ERROR_RESPONSES},
+    )
+    @action(detail=True, methods=["get"], filterset_class=None)
+    def metrics(self, request, pk=None):
+        job = self.get_object()
+        return Response({"job": job.pk, **job_metric_series(job=job)})

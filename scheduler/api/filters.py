@@ -1,0 +1,27 @@
+"""Filters for the jobs list: ``state``, ``kind``, ``submitted_after``, ``name``."""
+
+from __future__ import annotations
+
+import django_filters
+
+from ..models import Job, JobKind, JobState
+
+
+class JobFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(
+        choices=JobState.choices, help_text="One or more states (repeat the parameter: ?state=queued&state=running)."
+    )
+    kind = django_filters.ChoiceFilter(choices=JobKind.choices)
+    submitted_after = django_filters.IsoDateTimeFilter(
+        field_name="submitted_at", lookup_expr="gte", help_text="ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z."
+    )
+    submitted_before = django_filters.IsoDateTimeFilter(
+        field_name="submitted_at", lookup_expr="lt", help_text="ISO 8601 date-time (exclusive)."
+    )
+    name = django_filters.CharFilter(
+        field_name="name", lookup_expr="icontains", max_length=200, help_text="Jobs whose name contains this text."
+    )
+
+    class Meta:
+        model = Job
+        fields = ["state", "kind", "submitted_after", "submitted_before", "name"]
