@@ -37,9 +37,11 @@ class GpuInfo:
     memory_mb: int
     mig_mode: bool = False
     isolation: str = "none"  # what a shared slice on it gets: mig | mps | none
+    mig_instances: tuple[dict, ...] = ()  # MIG mode: [{uuid, memory_mb, gpu_instance_id}]
 
     def as_dict(self) -> dict:
         return {
+            "mig_instances": [dict(i) for i in self.mig_instances],
             "index": self.index,
             "uuid": self.uuid,
             "model": self.model,

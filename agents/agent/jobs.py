@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -80,6 +81,38 @@ def job_environment(
     return env
 
 
+def docker_available(docker: str) -> bool:
+    """Whether a docker CLI is installed and its engine answers."""
+    exe = shutil.which(docker) if docker else None
+    if exe is None:
+        return False
+    try:
+        result = subprocess.run(
+            [exe, "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=15, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def container_name(spec: LaunchSpec) -> str:
+    return f"gpushare-job-{spec.job_id}-{spec.attempt}"
+
+
+def docker_argv(spec: LaunchSpec, *, docker: str, env: dict[str, str], workdir: Path, run_as=None) -> list[str]:
+    """``docker run`` for a job: its GPUs by UUID, its environment by name only
+    (values travel in the CLI's environment, never on argv), its workdir at /job."""
+    argv = [docker, "run", "--rm", "--init", "--name", container_name(spec), "-v", f"{workdir}:/job", "-w", "/job"]
+    if spec.gpu_uuids:
+        argv += ["--gpus", f'"device={",".join(spec.gpu_uuids)}"']
+    if run_as is not None:
+        argv += ["--user", f"{run_as[0]}:{run_as[1]}"]
+    for key in sorted(env):
+        if key not in ("PATH", "HOME", "TMPDIR"):
+            argv += ["-e", key]
+    return [*argv, spec.image, *spec.command]
+
+
 class LogCapture(threading.Thread):
     """Copies a job's output pipe to its log file, up to ``cap`` bytes."""
 
@@ -127,6 +160,8 @@ class RunningJob:
     ended_ms: int | None = None
     adopted: bool = False
     pids: frozenset[int] = field(default_factory=frozenset)
+    container: str = ""  # docker runtime: the container to kill when the grace period ends
+    docker: str = ""
 
     @property
     def deadline(self) -> float:
@@ -175,6 +210,8 @@ class RunningJob:
         if self.term_sent_at is None and time.time() >= self.deadline:
             self.request_stop(reason=f"max runtime of {self.spec.max_runtime_s} s reached", grace_s=self.spec.grace_s)
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            if self.container and self.proc is not None and self.proc.poll() is None:
+                subprocess.run([self.docker, "kill", self.container], capture_output=True, timeout=15, check=False)
             self.signal_group(signal.SIGKILL)
 
     def refresh_pids(self) -> frozenset[int]:
@@ -198,22 +235,29 @@ def launch(
     extra_env: dict[str, str],
     log_cap: int,
     run_as: tuple[int, int] | None = None,
+    docker: str = "",
 ) -> RunningJob:
-    """Start the job's command in its own session (process group)."""
+    """Start the job's command in its own session (process group); with
+    ``docker``, start ``docker run`` of the job's image instead."""
     workdir = jobs_dir / f"{spec.job_id}-{spec.attempt}"
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     log_path = workdir / "output.log"
     log_path.touch()
     env = job_environment(spec, workdir=workdir, agent_env=agent_env, allow=env_allow, extra=extra_env)
     kwargs: dict = {}
+    argv = spec.command
+    if docker:
+        argv = docker_argv(spec, docker=docker, env=env, workdir=workdir, run_as=run_as)
+        env = {**env, "PATH": os.environ.get("PATH", env["PATH"])}
     if run_as is not None:
-        kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
         os.chown(workdir, run_as[0], run_as[1])
         os.chown(workdir / "tmp", run_as[0], run_as[1])
+        if not docker:  # supplementary groups dropped: extra_groups=[]
+            kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
     started_ms = now_ms()
     try:
         proc = subprocess.Popen(
-            spec.command,
+            argv,
             cwd=workdir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -225,7 +269,7 @@ def launch(
         )
     except OSError as exc:
         with open(log_path, "ab") as out:
-            out.write(f"[gpushare: could not start {spec.command[0]!r}: {exc.strerror or exc}]\n".encode())
+            out.write(f"[gpushare: could not start {argv[0]!r}: {exc.strerror or exc}]\n".encode())
         job = RunningJob(spec=spec, proc=None, pgid=-1, started_ms=started_ms, workdir=workdir, log_path=log_path)
         job.exit_code = 127
         job.ended_ms = started_ms + 1
@@ -240,6 +284,8 @@ def launch(
         workdir=workdir,
         log_path=log_path,
         log_capture=capture,
+        container=container_name(spec) if docker else "",
+        docker=docker,
     )
     job.refresh_pids()
     return job

@@ -26,7 +26,8 @@ import psutil
 from . import __version__
 from .brokerconf import broker_options
 from .gpus import JobProcesses, SimBackend
-from .jobs import DEFAULT_ENV_ALLOW, LaunchSpec, RunningJob, launch, now_ms
+from .health import event_describe, event_is_application_error, event_takes_gpu_out
+from .jobs import DEFAULT_ENV_ALLOW, LaunchSpec, RunningJob, docker_available, launch, now_ms
 from .meter import JobMeter, split_energy
 from .spool import Spool
 from .transport import BrokerLink, Command
@@ -52,6 +53,7 @@ class AgentConfig:
     run_as: str = ""
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     shutdown_grace_s: int = 10
+    docker: str = "docker"  # the docker CLI used for jobs that name an image
 
     @property
     def state_dir(self) -> Path:
@@ -65,7 +67,7 @@ def backend_for(config: AgentConfig):
     from .nvml import NvmlBackend, NvmlUnavailable, nvidia_devices_present
 
     try:
-        return NvmlBackend()
+        return NvmlBackend(state_dir=config.state_dir)
     except NvmlUnavailable as exc:
         if config.gpus == "nvml":
             raise SystemExit(f"gpushare-agent: --gpus nvml but NVML is not usable: {exc}") from exc
@@ -266,28 +268,27 @@ class Agent:
             current.request_stop(reason="superseded by a newer attempt", grace_s=spec.grace_s)
         unknown = [u for u in spec.gpu_uuids if u not in self.gpus]
         if unknown:
-            log.error("launch of job %s names GPUs this node does not have: %s", spec.job_id, unknown)
-            at = now_ms()
-            self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": at})
-            self.report(
-                "agents.job_exited",
-                {
-                    "job_id": spec.job_id,
-                    "attempt": spec.attempt,
-                    "exit_code": None,
-                    "at_ms": at + 1,
-                    "reason": f"node has no GPU {', '.join(unknown)}",
-                },
+            self._launch_refused(spec, f"node has no GPU {', '.join(unknown)}")
+            return
+        if spec.image and not docker_available(self.config.docker):
+            self._launch_refused(
+                spec, f"job asks for image {spec.image!r} but no docker engine answers on this node"
             )
+            return
+        try:
+            extra_env = self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {}
+        except Exception as exc:  # noqa: BLE001 - MIG/MPS setup failed: the job fails, the agent keeps going
+            self._launch_refused(spec, f"could not set up the GPU slice: {exc}")
             return
         job = launch(
             spec,
             jobs_dir=self.jobs_dir,
             agent_env=dict(os.environ),
             env_allow=self.config.env_allow,
-            extra_env=self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {},
+            extra_env=extra_env,
             log_cap=self.config.log_cap_bytes,
             run_as=self.run_as,
+            docker=self.config.docker if spec.image else "",
         )
         self.jobs[spec.job_id] = job
         self.meters[spec.job_id] = JobMeter(
@@ -300,6 +301,16 @@ class Agent:
             self.spool.job_record(job_id=spec.job_id, attempt=spec.attempt, pgid=job.pgid, started_ms=job.started_ms)
         self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": job.started_ms})
         log.info("job %s attempt %s started on %s", spec.job_id, spec.attempt, spec.gpu_uuids or "no GPU")
+
+    def _launch_refused(self, spec: LaunchSpec, reason: str) -> None:
+        """Report a job that could not start as started and failed at once, with ``reason``."""
+        log.error("job %s attempt %s not started: %s", spec.job_id, spec.attempt, reason)
+        at = now_ms()
+        self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": at})
+        self.report(
+            "agents.job_exited",
+            {"job_id": spec.job_id, "attempt": spec.attempt, "exit_code": None, "at_ms": at + 1, "reason": reason},
+        )
 
     def job_stop(self, payload: dict) -> None:
         job_id = int(payload["job_id"])
@@ -369,6 +380,8 @@ class Agent:
         )
         self.spool.job_forget(job_id=spec.job_id, attempt=spec.attempt)
         del self.jobs[spec.job_id]
+        if hasattr(self.backend, "job_ended"):
+            self.backend.job_ended(spec)
         log.info("job %s attempt %s ended: exit %s %s", spec.job_id, spec.attempt, job.exit_code, reason)
 
     def ship_logs(self, job: RunningJob, *, everything: bool = False) -> None:
@@ -435,10 +448,28 @@ class Agent:
         self.last_metrics = {uuid: s.metrics() for uuid, s in samples.items()}
         for uuid, sample in samples.items():
             for event in sample.health_events:
-                self.report("agents.gpu_health", {"uuid": uuid, "event": event})
+                self.health_event(uuid, event)
         if time.monotonic() >= self.next_heartbeat:
             self.next_heartbeat = time.monotonic() + self.config.heartbeat_s
             self.heartbeat(at)
+
+    def health_event(self, uuid: str, event: dict) -> None:
+        """Stop the jobs on a GPU that raised an error, and tell the platform.
+
+        An application XID ends the job(s) on that GPU (the event does not say
+        which process caused it; on a shared GPU the fault domain is shared
+        anyway); a hardware event ends them too, and the platform takes the
+        GPU out of service.
+        """
+        description = event_describe(event)
+        affected = []
+        if event_is_application_error(event) or event_takes_gpu_out(event):
+            for job in self.jobs.values():
+                if uuid in job.spec.gpu_uuids and job.term_sent_at is None:
+                    job.request_stop(reason=f"{description} on GPU {uuid}", grace_s=job.spec.grace_s)
+                    affected.append({"job_id": job.spec.job_id, "attempt": job.spec.attempt})
+        log.warning("GPU %s: %s (jobs stopped: %s)", uuid, description, [a["job_id"] for a in affected] or "none")
+        self.report("agents.gpu_health", {"uuid": uuid, "event": event, "jobs": affected, "at_ms": now_ms()})
 
     def _enforce_memory(self, job: RunningJob, use) -> None:
         """A shared slice that holds more GPU memory than its share is stopped."""
