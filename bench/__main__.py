@@ -1,0 +1,152 @@
+"""``python -m bench``: run the benchmarks, print one table, write bench/results/<name>.json.
+
+Each benchmark prints our figure, the reference measured in the same run on
+the same machine, and the ratio (> 1 means we are ahead). Exit status 0
+unless the harness itself failed: a missed speed goal is reported, not an error.
+
+    python -m bench                 # everything (about 15 minutes on 2 cores)
+    python -m bench --quick         # smaller sizes, for development
+    python -m bench --only ingest   # one benchmark (repeat --only for several)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .stats import Row, table_markdown, table_text
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# name -> module; each module has run(ctx) -> (rows, raw). The scheduler
+# helper's modules (run(quick) -> dict) are called when present.
+BENCHMARKS = {
+    "vs-slurm": "bench.side_by_side",
+    "scheduler-scale": "bench.scheduler_scale",
+    "packing": "bench.packing_alibaba",
+    "ingest": "bench.ingest",
+    "api": "bench.api_load",
+    "agent": "bench.agent_overhead",
+    "invoice": "bench.invoice_close",
+}
+EXTERNAL = {"scheduler-scale", "packing"}
+
+
+@dataclass
+class Context:
+    quick: bool
+    workdir: Path
+    _stack: object = None
+    started: float = field(default_factory=time.monotonic)
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+
+    def stack(self):
+        """The platform stack, started on first use and shared by the benchmarks."""
+        if self._stack is None:
+            from .stack import Stack
+
+            self.log("starting the platform stack (gunicorn, celery worker + beat, agent on 8 simulated H100s)")
+            self._stack = Stack(self.workdir / "stack").start()
+            self.log(f"stack up at {self._stack.url}")
+        return self._stack
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.stop()
+
+
+def external_rows(name: str, raw: dict) -> list[Row]:
+    """Rows from a module that returns a plain dict: its ``rows`` if it has them, else one per number."""
+    if isinstance(raw.get("rows"), list):
+        fields = set(Row.__dataclass_fields__)
+        return [Row(**{k: v for k, v in r.items() if k in fields}) for r in raw["rows"]]
+    rows = []
+    for key, value in raw.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append(Row(name, key, float(value), ""))
+    return rows
+
+
+def machine() -> dict:
+    import os
+
+    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        model = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        info["cpu"] = model[0].split(":", 1)[1].strip() if model else ""
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+        info["memory_gb"] = round(int(mem) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (development)")
+    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), help="run only this benchmark")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = parser.parse_args(argv)
+    names = args.only or list(BENCHMARKS)
+    RESULTS.mkdir(exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
+    ctx = Context(quick=args.quick, workdir=workdir)
+    ctx.log(f"work directory {workdir}; {'quick' if args.quick else 'full'} run of {', '.join(names)}")
+    all_rows: list[Row] = []
+    failed: list[str] = []
+    try:
+        for name in names:
+            try:
+                module = importlib.import_module(BENCHMARKS[name])
+            except ModuleNotFoundError as exc:
+                if name in EXTERNAL and exc.name == BENCHMARKS[name]:
+                    ctx.log(f"{name}: {BENCHMARKS[name]} is not there yet; skipped")
+                    continue
+                raise
+            ctx.log(f"{name}: running")
+            started = time.monotonic()
+            try:
+                if name in EXTERNAL:
+                    raw = module.run(quick=args.quick)
+                    rows = external_rows(name, raw)
+                else:
+                    rows, raw = module.run(ctx)
+            except Exception:  # noqa: BLE001 - report it, go on with the others, exit non-zero
+                failed.append(name)
+                ctx.log(f"{name}: HARNESS ERROR\n{traceback.format_exc()}")
+                continue
+            elapsed = time.monotonic() - started
+            all_rows += rows
+            payload = {
+                "name": name, "quick": args.quick, "seconds": elapsed, "machine": machine(),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "rows": [r.as_dict() for r in rows], "raw": raw,
+            }
+            (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str))
+            ctx.log(f"{name}: done in {elapsed:.0f}s\n{table_text(rows)}")
+    finally:
+        ctx.close()
+    print()
+    print(table_text(all_rows))
+    if args.markdown:
+        print()
+        print(table_markdown(all_rows))
+    ctx.log(f"results in {RESULTS}/; logs in {workdir}")
+    if failed:
+        print(f"harness error in: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

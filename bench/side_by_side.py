@@ -1,0 +1,218 @@
+"""Benchmark 1: gpushare against a live Slurm, same workload, same machine.
+
+- submit throughput: N submissions from 1 client and from 4 concurrent
+  clients (our HTTP API vs ``sbatch``), jobs held so that the figure is the
+  submission path (Slurm: ``--hold``; us: the node is cordoned);
+- idle latency: submit -> the job's command runs, p50/p95 (the job writes
+  ``date +%s.%N`` to a file; the clock is the same machine's);
+- drain: the N held jobs of the 1-client run released at once -> all finished.
+
+Slurm runs with its defaults and with the tuned profile (slurm.TUNED).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .stats import Row, median, percentile, rate
+from .workload import api_body, chunks, slurm_gres, workload
+
+CLIENTS = (1, 4)
+
+
+def submit_timed(submit_one, shares: list[int], clients: int) -> tuple[float, list[int]]:
+    """Submit every share with ``clients`` concurrent clients; (seconds, ids)."""
+    pieces = chunks(shares, clients)
+    ids: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients + 1)
+
+    def client(piece: list[int]) -> None:
+        session = {}
+        barrier.wait()
+        mine = [submit_one(milli, session) for milli in piece]
+        with lock:
+            ids.extend(mine)
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client, piece) for piece in pieces]
+        barrier.wait()
+        start = time.perf_counter()
+        for f in futures:
+            f.result()
+        elapsed = time.perf_counter() - start
+    return elapsed, ids
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.25) -> float:
+    """Seconds until ``predicate()`` holds, or ``timeout`` (then raise TimeoutError)."""
+    start = time.perf_counter()
+    while True:
+        if predicate():
+            return time.perf_counter() - start
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError
+        time.sleep(interval)
+
+
+def latency_run(submit_one, shares: list[int], stamp_dir: Path, timeout: float = 60) -> list[float]:
+    """Submit one job at a time on an idle cluster; seconds from submit to its command running."""
+    stamp_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    session: dict = {}
+    for i, milli in enumerate(shares):
+        stamp = stamp_dir / f"{i}"
+        t0 = time.time()
+        submit_one(milli, session, command=f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}")
+        wait_until(stamp.exists, timeout, interval=0.005)
+        out.append(float(stamp.read_text()) - t0)
+    return out
+
+
+class Ours:
+    name = "gpushare"
+
+    def __init__(self, stack):
+        self.stack = stack
+
+    def submit_one(self, milli: int, session: dict, command: str = "true") -> int:
+        s = session.get("s") or session.setdefault("s", self.stack.session())
+        r = s.post(f"{self.stack.url}/api/v1/jobs/", json=api_body(milli, command), timeout=60)
+        if r.status_code != 201:
+            raise RuntimeError(f"submit answered {r.status_code}: {r.text[:300]}")
+        return r.json()["id"]
+
+    def hold(self) -> None:
+        self.stack.node_state_set("cordoned")
+
+    def release(self, ids: list[int]) -> None:
+        self.stack.node_state_set("up")
+        self.stack.schedule_pass_request()
+
+    def unfinished(self, ids: list[int]) -> int:
+        return self.stack.jobs_unfinished(ids)
+
+    def discard(self, ids: list[int]) -> None:
+        self.stack.jobs_cancel_queued()
+        self.stack.node_state_set("up")
+
+
+class Theirs:
+    def __init__(self, cluster, profile: str):
+        self.cluster = cluster
+        self.profile = profile
+        self.name = f"slurm-{profile}"
+        self.held = False
+
+    def submit_one(self, milli: int, session: dict, command: str = "true") -> int:
+        return self.cluster.sbatch(gres=slurm_gres(milli), command=command, hold=self.held)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def release(self, ids: list[int]) -> None:
+        self.held = False
+        self.cluster.release(ids)
+
+    def unfinished(self, ids: list[int]) -> int:
+        return self.cluster.job_count()
+
+    def discard(self, ids: list[int]) -> None:
+        self.held = False
+        self.cluster.cancel_all()
+        wait_until(lambda: self.cluster.job_count() == 0, 60)
+
+
+def measure(system, *, n: int, latency_n: int, stamp_dir: Path, drain_timeout: float, log) -> dict:
+    """Every figure for one system: submit rates, drain rate, idle latency."""
+    shares = workload(n)
+    out: dict = {"system": system.name, "n": n}
+    for clients in CLIENTS:
+        system.hold()
+        seconds, ids = submit_timed(system.submit_one, shares, clients)
+        out[f"submit_{clients}c_per_s"] = rate(len(ids), seconds)
+        log(f"  {system.name}: {len(ids)} submissions from {clients} client(s) in {seconds:.1f}s")
+        if clients == 1:
+            start = time.perf_counter()
+            system.release(ids)
+            try:
+                wait_until(lambda ids=ids: system.unfinished(ids) == 0, drain_timeout)
+                finished = len(ids)
+            except TimeoutError:
+                finished = len(ids) - system.unfinished(ids)
+                out["drain_timed_out"] = True
+            drain_s = time.perf_counter() - start
+            out["drain_s"] = drain_s
+            out["drain_per_s"] = rate(finished, drain_s)
+            log(f"  {system.name}: drain {finished}/{len(ids)} jobs in {drain_s:.1f}s")
+            if out.get("drain_timed_out"):
+                system.discard(ids)
+        else:
+            system.discard(ids)
+    lat = latency_run(system.submit_one, workload(latency_n), stamp_dir / system.name)
+    out["latency_s"] = lat
+    out["latency_p50_s"] = percentile(lat, 50)
+    out["latency_p95_s"] = percentile(lat, 95)
+    log(f"  {system.name}: idle latency p50 {out['latency_p50_s']:.3f}s p95 {out['latency_p95_s']:.3f}s")
+    return out
+
+
+def rows_for(ours: dict, slurm: dict[str, dict]) -> list[Row]:
+    """The table: our figures against each Slurm profile (goals vs the profile they name)."""
+    rows: list[Row] = []
+    best_submit = {c: max(s[f"submit_{c}c_per_s"] for s in slurm.values()) for c in CLIENTS}
+    for profile, theirs in slurm.items():
+        ref = f"slurm {profile}"
+        for c in CLIENTS:
+            key = f"submit_{c}c_per_s"
+            rows.append(
+                Row("vs-slurm", f"submit, {c} client{'s' if c > 1 else ''}", ours[key], "jobs/s", theirs[key], ref,
+                    goal=">= Slurm", goal_met=ours[key] >= best_submit[c], runs=1,
+                    note=f"{ours['n']} submissions")
+            )
+        rows.append(
+            Row("vs-slurm", "idle submit->running p50", ours["latency_p50_s"], "s", theirs["latency_p50_s"], ref,
+                higher_is_better=False, goal="<= 0.5 s", goal_met=ours["latency_p50_s"] <= 0.5,
+                runs=len(ours["latency_s"]))
+        )
+        rows.append(
+            Row("vs-slurm", "idle submit->running p95", ours["latency_p95_s"], "s", theirs["latency_p95_s"], ref,
+                higher_is_better=False, runs=len(ours["latency_s"]))
+        )
+        tuned = slurm.get("tuned", theirs)
+        rows.append(
+            Row("vs-slurm", f"drain {ours['n']} held jobs", ours["drain_per_s"], "jobs/s", theirs["drain_per_s"], ref,
+                goal=">= tuned Slurm", goal_met=ours["drain_per_s"] >= tuned["drain_per_s"], runs=1)
+        )
+    return rows
+
+
+def run(ctx) -> tuple[list[Row], dict]:
+    from .slurm import SlurmCluster
+
+    n = 200 if ctx.quick else 1000
+    latency_n = 12 if ctx.quick else 50
+    stamp_dir = ctx.workdir / "stamps"
+    results: dict = {"ours": None, "slurm": {}}
+    # Slurm first, before our stack is started, so that each side has the cores to itself.
+    cluster = SlurmCluster(ctx.workdir / "slurm")
+    try:
+        for profile in ("defaults", "tuned"):
+            ctx.log(f"vs-slurm: slurm {profile}")
+            cluster.start(profile)
+            results["slurm"][profile] = measure(Theirs(cluster, profile), n=n, latency_n=latency_n,
+                                                stamp_dir=stamp_dir, drain_timeout=300, log=ctx.log)
+            cluster.stop()
+    finally:
+        cluster.stop_all()
+    ctx.log("vs-slurm: gpushare")
+    results["ours"] = measure(Ours(ctx.stack()), n=n, latency_n=latency_n, stamp_dir=stamp_dir,
+                              drain_timeout=300, log=ctx.log)
+    return rows_for(results["ours"], results["slurm"]), results
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": median(values), "p95": percentile(values, 95)} if values else {}

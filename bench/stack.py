@@ -1,0 +1,318 @@
+"""The platform as it is deployed, started by the harness for one run.
+
+gunicorn (the real WSGI app), a Celery worker (with beat) and a node agent on
+simulated GPUs, against PostgreSQL (its own database, dropped and migrated at
+start) and Redis (its own db number, flushed at start). The harness process
+itself is configured as one more Django client of that database, to seed
+rules and tenants and to read results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gpushare_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/7"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class StackConfig:
+    database_url: str = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
+    redis_url: str = os.environ.get("BENCH_REDIS_URL", DEFAULT_REDIS_URL)
+    web_workers: int = int(os.environ.get("BENCH_WEB_WORKERS", "3"))
+    web_threads: int = int(os.environ.get("BENCH_WEB_THREADS", "4"))
+    worker_concurrency: int = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "2"))
+    worker_prefetch: int = int(os.environ.get("BENCH_WORKER_PREFETCH", "4"))
+    gpus: str = "sim:8xH100-80GB"
+    sample_interval_s: float = 0.2
+    window_s: float = 1.0
+    heartbeat_s: float = 1.0
+    node: str = "bench-node"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def platform_env(config: StackConfig, var_dir: Path) -> dict:
+    """Environment of every platform process (and of the harness's Django)."""
+    return {
+        "DJANGO_SETTINGS_MODULE": "gpushare.settings.production",
+        "SECRET_KEY": "bench-" + "x" * 40,
+        "DATABASE_URL": config.database_url,
+        "REDIS_URL": config.redis_url,
+        "STRIPE_API_KEY": "sk_test_bench",
+        "STRIPE_WEBHOOK_SECRET": "whsec_bench",
+        "STRIPE_API_BASE": "http://127.0.0.1:9",
+        "GPUSHARE_VAR_DIR": str(var_dir),
+        "CELERY_WORKER_PREFETCH_MULTIPLIER": str(config.worker_prefetch),
+        "LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def django_setup(config: StackConfig, var_dir: Path) -> None:
+    """Configure this process as a Django client of the bench database (once)."""
+    os.environ.update(platform_env(config, var_dir))
+    import django
+
+    django.setup()
+
+
+def database_recreate(database_url: str) -> None:
+    """Drop and create the bench database (never any other one)."""
+    import psycopg2
+
+    url = urlparse(database_url)
+    name = url.path.lstrip("/")
+    if not name.endswith("bench") and "bench" not in name:
+        raise StackError(f"refusing to drop database {name!r}: the bench database's name must contain 'bench'")
+    conn = psycopg2.connect(
+        host=url.hostname or "127.0.0.1", port=url.port or 5432, user=url.username or "postgres",
+        password=url.password, dbname="postgres",
+    )
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        out = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 20) -> None:
+        if not self.alive:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """kill -9 the whole process group, as a crash would."""
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    config: StackConfig = field(default_factory=StackConfig)
+    port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+    node_token: str = ""
+    tenant_token: str = ""
+    tenant_id: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def var_dir(self) -> Path:
+        return self.workdir / "var"
+
+    @property
+    def env(self) -> dict:
+        return {**os.environ, **platform_env(self.config, self.var_dir)}
+
+    # --- setup -------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Fresh database and Redis db, migrated and seeded; this process set up as a Django client."""
+        import redis
+
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        database_recreate(self.config.database_url)
+        redis.Redis.from_url(self.config.redis_url).flushdb()
+        django_setup(self.config, self.var_dir)
+        from django.core.management import call_command
+
+        call_command("migrate", "--noinput", verbosity=0)
+        self.seed()
+
+    def seed(self) -> None:
+        from django_scopes import scopes_disabled
+
+        from accounts.management.commands.seed_demo import prices_ensure, priority_classes_ensure
+        from accounts.services import ALL_SCOPES, tenant_create, token_create
+        from agents.services import node_credential_issue
+
+        with scopes_disabled():
+            priority_classes_ensure()
+            prices_ensure()
+            tenant = tenant_create(slug="bench", name="Bench", owner_email="bench@bench.test", owner_password=None)
+            from accounts.models import Membership
+
+            user = Membership.objects.get(tenant=tenant).user
+            self.tenant_token = token_create(tenant=tenant, user=user, name="bench", scopes=ALL_SCOPES).plaintext
+            self.tenant_id = tenant.pk
+        self.node_token = node_credential_issue(name=self.config.node)
+
+    # --- processes ---------------------------------------------------------
+
+    def _proc(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
+        proc = Proc(name, argv, env or self.env, self.workdir / f"{name}.log")
+        self.procs[name] = proc
+        return proc
+
+    def web_start(self) -> None:
+        self.port = self.port or free_port()
+        c = self.config
+        self._proc(
+            "web",
+            [
+                str(BIN / "gunicorn"), "gpushare.wsgi", "-b", f"127.0.0.1:{self.port}", "-w", str(c.web_workers),
+                "-k", "gthread", "--threads", str(c.web_threads), "--backlog", "2048", "--log-level", "warning",
+            ],
+        ).start()
+        self.wait(lambda: self._http_ok(), 60, "gunicorn to answer", "web")
+
+    def _http_ok(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/api/v1/jobs/", timeout=2).status_code in (200, 401, 403)
+        except requests.RequestException:
+            return False
+
+    def worker_start(self, name: str = "worker", *, beat: bool = True) -> Proc:
+        c = self.config
+        argv = [
+            str(BIN / "celery"), "-A", "gpushare", "worker", "-Q", "platform", "-c", str(c.worker_concurrency),
+            "--prefetch-multiplier", str(c.worker_prefetch), "-l", "info", "-n", f"{name}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        if beat:
+            argv += ["-B", "-s", str(self.workdir / "celerybeat-schedule")]
+        proc = self._proc(name, argv).start()
+        self.wait(lambda: b"ready." in proc.log_path.read_bytes(), 60, f"{name} ready", name)
+        return proc
+
+    def agent_argv(self, *, broker_url: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+        c = self.config
+        return [
+            sys.executable, "-m", "agents", "--node", c.node, "--token", self.node_token,
+            "--broker", broker_url or c.redis_url, "--var-dir", str(self.var_dir / "agent"), "--gpus", c.gpus,
+            "--sample-interval", str(c.sample_interval_s), "--window", str(c.window_s),
+            "--heartbeat", str(c.heartbeat_s), "--log-level", "WARNING", *extra,
+        ]
+
+    def agent_start(self, *, broker_url: str | None = None, extra: tuple[str, ...] = (), wait: bool = True) -> Proc:
+        env = {k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+        proc = self._proc("agent", self.agent_argv(broker_url=broker_url, extra=extra), env).start()
+        if wait:
+            self.wait(self.node_up, 60, "the agent to register", "agent")
+        return proc
+
+    def node_up(self) -> bool:
+        from agents.models import Gpu, Node
+
+        node = Node.objects.filter(name=self.config.node).first()
+        return bool(node and node.state == Node.State.UP and Gpu.objects.filter(node=node).exists())
+
+    def start(self) -> Stack:
+        self.prepare()
+        self.worker_start()
+        self.web_start()
+        self.agent_start()
+        return self
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+    def wait(self, predicate, timeout: float, what: str, proc_name: str | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            proc = self.procs.get(proc_name) if proc_name else None
+            if proc is not None and not proc.alive:
+                raise StackError(f"{proc_name} exited while waiting for {what}:\n{proc.log_tail()}")
+            time.sleep(0.1)
+        tail = self.procs[proc_name].log_tail() if proc_name in self.procs else ""
+        raise StackError(f"timed out after {timeout}s waiting for {what}\n{tail}")
+
+    # --- helpers the benchmarks share --------------------------------------
+
+    def session(self) -> requests.Session:
+        s = requests.Session()
+        s.headers["Authorization"] = f"Bearer {self.tenant_token}"
+        return s
+
+    def node_state_set(self, state: str) -> None:
+        """Cordon/uncordon the bench node (the harness writes its own database directly)."""
+        from agents.models import Node
+
+        Node.objects.filter(name=self.config.node).update(state=state)
+
+    def schedule_pass_request(self) -> None:
+        from gpushare.celery import app
+
+        app.send_task("scheduler.pass", queue="platform")
+
+    def jobs_cancel_queued(self) -> int:
+        """Harness reset between runs: queued jobs are marked cancelled in one statement."""
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("UPDATE scheduler_job SET state = 'cancelled', finished_at = now() WHERE state = 'queued'")
+            return cur.rowcount
+
+    def jobs_unfinished(self, ids: list[int] | None = None) -> int:
+        from django_scopes import scopes_disabled
+
+        from scheduler.models import ACTIVE_STATES, Job, JobState
+
+        with scopes_disabled():
+            qs = Job.objects.filter(state__in=[*ACTIVE_STATES, JobState.QUEUED])
+            if ids is not None:
+                qs = qs.filter(pk__in=ids)
+            return qs.count()
