@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "agents",
     "scheduler",
     "billing",
+    "portal",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,26 @@
+"""Portal pages, mounted at the site root."""
+
+from django.urls import path
+
+from .views import common, dashboard, jobs, team, usage
+
+app_name = "portal"
+
+urlpatterns = [
+    path("", dashboard.dashboard, name="dashboard"),
+    path("dashboard/live/", dashboard.dashboard_live, name="dashboard_live"),
+    path("tenant/", common.tenant_switch, name="tenant_switch"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/cancel/", jobs.job_bulk_cancel, name="jobs_cancel"),
+    path("jobs/new/", jobs.job_submit, name="submit"),
+    path("jobs/new/check/", jobs.job_submit_check, name="submit_check"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/live/", jobs.job_live, name="job_live"),
+    path("jobs/<int:pk>/log/", jobs.job_log, name="job_log"),
+    path("jobs/<int:pk>/metrics/", jobs.job_metrics, name="job_metrics"),
+    path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job_cancel"),
+    path("usage/", usage.usage, name="usage"),
+    path("team/", team.team, name="team"),
+    path("team/tokens/", team.token_create, name="token_create"),
+    path("team/tokens/<int:pk>/revoke/", team.token_revoke, name="token_revoke"),
+]

@@ -1,0 +1,1 @@
+"""Portal pages, one module per area: dashboard, jobs, usage, team."""

@@ -1,0 +1,52 @@
+"""The dashboard: live jobs, GPUs held, spend against budget, quotas, failures, alerts."""
+
+from __future__ import annotations
+
+from .. import selectors
+from ..tenancy import tenant_page
+from .common import page
+
+
+def _alerts(*, spend: selectors.Spend, failures: list, live: list) -> list[dict]:
+    alerts = []
+    if spend.exhausted:
+        alerts.append({"level": "danger", "text": "This month's budget is used up: new jobs are refused."})
+    elif spend.alert:
+        alerts.append({"level": "warn", "text": "Spend has passed this month's alert threshold."})
+    elif spend.budget and spend.projected >= spend.budget:
+        alerts.append({"level": "warn", "text": "At this pace, spend will reach the budget before the month ends."})
+    if failures:
+        alerts.append({"level": "warn", "text": f"{len(failures)} job(s) failed or were lost in the last 7 days."})
+    waiting = [j for j in live if j.state == "queued" and j.pending_reason]
+    if waiting:
+        alerts.append({"level": "info", "text": f"{len(waiting)} job(s) waiting: {waiting[0].pending_reason}."})
+    return alerts
+
+
+@tenant_page
+def dashboard(request):
+    tenant = request.portal.tenant
+    live = selectors.live_jobs(tenant=tenant)
+    held = selectors.gpus_held(tenant=tenant)
+    spend = selectors.month_spend(tenant=tenant)
+    failures = selectors.recent_failures(tenant=tenant)
+    return page(
+        request,
+        "portal/dashboard.html",
+        {
+            "live": live,
+            "held": held,
+            "held_gpus": sum(h.gpu_milli for h in held),
+            "spend": spend,
+            "quotas": selectors.quota_bars(tenant=tenant, held=held),
+            "failures": failures,
+            "alerts": _alerts(spend=spend, failures=failures, live=live),
+            "counts": selectors.state_counts(tenant=tenant),
+        },
+    )
+
+
+@tenant_page
+def dashboard_live(request):
+    """The live jobs table body, polled by the dashboard."""
+    return page(request, "portal/partials/live_jobs.html", {"live": selectors.live_jobs(tenant=request.portal.tenant)})

@@ -1,0 +1,132 @@
+/* gpushare portal: copy buttons, a log that follows, live charts. Plain JS, no build step. */
+(function () {
+  "use strict";
+
+  // --- copy buttons: <button data-copy="#element-id">
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    var source = document.querySelector(button.getAttribute("data-copy"));
+    if (!source) return;
+    var text = source.value !== undefined && source.tagName !== "PRE" ? source.value : source.textContent;
+    var done = function () {
+      var label = button.textContent;
+      button.textContent = "Copied";
+      button.setAttribute("aria-live", "polite");
+      setTimeout(function () { button.textContent = label; }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done);
+    } else {
+      var area = document.createElement("textarea");
+      area.value = text;
+      document.body.appendChild(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+      done();
+    }
+  });
+
+  // --- live validation shows errors only for fields the user has touched
+  function touch(event) {
+    var form = event.target.form;
+    var touched = form && form.querySelector("input[name=_touched]");
+    if (!touched || !event.target.name) return;
+    var names = touched.value ? touched.value.split(",") : [];
+    if (names.indexOf(event.target.name) < 0) { names.push(event.target.name); touched.value = names.join(","); }
+  }
+  document.addEventListener("input", touch, true);
+  document.addEventListener("change", touch, true);
+
+  // --- the log follows its tail unless the reader scrolled up
+  var stick = true;
+  document.addEventListener("scroll", function (event) {
+    var log = event.target;
+    if (log && log.id === "log") stick = log.scrollHeight - log.scrollTop - log.clientHeight < 24;
+  }, true);
+  document.addEventListener("htmx:afterSettle", function () {
+    var log = document.getElementById("log");
+    if (log && stick) log.scrollTop = log.scrollHeight;
+  });
+
+  // --- charts
+  var palette = { sm: "#0b57a4", mem: "#116329", power: "#a4161a", cost: "#7a4a00" };
+
+  function lineChart(canvas, label, color, unit, max) {
+    return new window.Chart(canvas, {
+      type: "line",
+      data: { labels: [], datasets: [{ label: label, data: [], borderColor: color, backgroundColor: color + "22", fill: true, pointRadius: 0, tension: 0.25 }] },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        plugins: { legend: { display: false }, tooltip: { callbacks: { label: function (c) { return c.formattedValue + " " + unit; } } } },
+        scales: { x: { ticks: { maxTicksLimit: 6 } }, y: { beginAtZero: true, suggestedMax: max, title: { display: true, text: unit } } }
+      }
+    });
+  }
+
+  function clock(ms) {
+    return new Date(ms).toISOString().substring(11, 19);
+  }
+
+  function jobCharts(root) {
+    var url = root.getAttribute("data-job-metrics");
+    var charts = {
+      sm: lineChart(root.querySelector("[data-series=sm]"), "SM utilisation", palette.sm, "%", 100),
+      mem: lineChart(root.querySelector("[data-series=mem]"), "GPU memory", palette.mem, "MiB"),
+      power: lineChart(root.querySelector("[data-series=power]"), "Power", palette.power, "W")
+    };
+    var after = 0, idleAfterDone = 0;
+    var points = root.querySelector("[data-points]");
+    function poll() {
+      fetch(url + "?after=" + after, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
+        .then(function (r) { return r.json(); })
+        .then(function (s) {
+          for (var i = 0; i < s.t.length; i++) {
+            var label = clock(s.t[i]);
+            charts.sm.data.labels.push(label); charts.sm.data.datasets[0].data.push(s.sm_util_pct[i]);
+            charts.mem.data.labels.push(label); charts.mem.data.datasets[0].data.push(s.memory_mb[i]);
+            charts.power.data.labels.push(label); charts.power.data.datasets[0].data.push(s.power_w[i]);
+          }
+          if (s.t.length) {
+            after = s.t[s.t.length - 1];
+            Object.keys(charts).forEach(function (k) { charts[k].update(); });
+          }
+          if (points) points.textContent = String(charts.sm.data.labels.length);
+          root.setAttribute("data-count", String(charts.sm.data.labels.length));
+          var cost = document.getElementById("cost-so-far");
+          if (cost && s.cost_display) cost.textContent = s.cost_display;
+          if (s.done) idleAfterDone = s.t.length ? 0 : idleAfterDone + 1;
+          if (!s.done || idleAfterDone < 3) setTimeout(poll, 2000);
+        })
+        .catch(function () { setTimeout(poll, 5000); });
+    }
+    poll();
+  }
+
+  function usageChart(canvas) {
+    var data = JSON.parse(document.getElementById(canvas.getAttribute("data-usage-chart")).textContent);
+    new window.Chart(canvas, {
+      data: {
+        labels: data.labels,
+        datasets: [
+          { type: "bar", label: "Cost ($)", data: data.cost.map(Number), backgroundColor: palette.sm, yAxisID: "cost" },
+          { type: "line", label: "GPU-hours", data: data.gpu_hours, borderColor: palette.cost, yAxisID: "hours", pointRadius: 2 }
+        ]
+      },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        scales: {
+          cost: { position: "left", beginAtZero: true, title: { display: true, text: "$" } },
+          hours: { position: "right", beginAtZero: true, grid: { drawOnChartArea: false }, title: { display: true, text: "GPU-hours" } }
+        }
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    if (!window.Chart) return;
+    document.querySelectorAll("[data-job-metrics]").forEach(jobCharts);
+    document.querySelectorAll("[data-usage-chart]").forEach(usageChart);
+  });
+})();
