@@ -72,6 +72,17 @@ def _flatten(detail) -> str:
     return str(detail)
 
 
+def _safe(value):
+    """Error text may echo the input: make it encodable (a lone surrogate becomes ``\\ud800``)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_safe(k): _safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_safe(v) for v in value]
+    return value
+
+
 def exception_handler(exc, context):
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found.")
@@ -91,7 +102,7 @@ def exception_handler(exc, context):
         message = "Authentication required: send 'Authorization: Bearer <token>'."
     elif isinstance(exc, exceptions.Throttled):
         message = f"Too many requests for this token ({rate_text()}); retry in {exc.wait or 1:.0f} s."
-    body = {"error": {"code": code, "message": message, "fields": fields}}
+    body = {"error": {"code": code, "message": _safe(message), "fields": _safe(fields)}}
     response.data = body
     return response
 

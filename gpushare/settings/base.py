@@ -138,6 +138,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": [
+        "gpushare.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_THROTTLE_RATES": {"token": os.environ.get("GPUSHARE_API_RATE", "600/min")},
     "UNAUTHENTICATED_USER": None,
 }

@@ -41,7 +41,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 
 
 def _job_error(exc: services.JobError) -> ApiError:
-    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 402}.get(exc.code, 400)
+    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}.get(exc.code, 400)
     fields = {exc.field: [str(exc)]} if exc.field else {}
     return ApiError(str(exc), code=exc.code, status_code=status_code, fields=fields)
 

@@ -1,0 +1,107 @@
+"""Idempotency-Key on POST jobs/: one job per key and tenant, whatever the retries."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import requests
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from scheduler.models import Job
+from tests.factories import TenantFactory, platform_rules_seed, token_for
+
+from .helpers import assert_error
+
+BODY = {"kind": "training", "gpus": 1, "command": ["python", "train.py"], "name": "nightly"}
+
+
+def _jobs(tenant) -> list[Job]:
+    with scopes_disabled():
+        return list(Job.objects.filter(tenant=tenant))
+
+
+@pytest.mark.django_db
+def test_same_key_returns_the_original_job(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    first = client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-42")
+    assert first.status_code == 201, first.content
+    # The same body, keys in another order, sent again (a retry): the same job, 200.
+    again = client.post("/api/v1/jobs/", dict(reversed(BODY.items())), format="json", HTTP_IDEMPOTENCY_KEY="ci-run-42")
+    assert again.status_code == 200, again.content
+    assert again.json()["id"] == first.json()["id"]
+    assert len(_jobs(tenant)) == 1
+    # Another token of the same tenant with the same key: still the same job.
+    other_token = api_client_for(tenant)
+    assert other_token.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-42").status_code == 200
+    # No key: a new job each time.
+    assert client.post("/api/v1/jobs/", BODY, format="json").status_code == 201
+    assert client.post("/api/v1/jobs/", BODY, format="json").status_code == 201
+    assert len(_jobs(tenant)) == 3
+
+
+@pytest.mark.django_db
+def test_same_key_different_body_is_a_conflict(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    assert client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k1").status_code == 201
+    error = assert_error(
+        client.post("/api/v1/jobs/", {**BODY, "gpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY="k1"), 409, "conflict"
+    )
+    assert "k1" in error["message"]
+    assert len(_jobs(tenant)) == 1
+
+
+@pytest.mark.django_db
+def test_keys_are_per_tenant(rules, tenant, other_tenant, api_client_for):
+    mine = api_client_for(tenant).post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    theirs = api_client_for(other_tenant).post(
+        "/api/v1/jobs/", {**BODY, "gpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY="shared"
+    )
+    assert mine.status_code == theirs.status_code == 201
+    assert mine.json()["id"] != theirs.json()["id"]
+
+
+@pytest.mark.django_db
+def test_key_expires_after_24_hours(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    old = client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="daily").json()
+    with scopes_disabled():
+        Job.objects.filter(pk=old["id"]).update(submitted_at=timezone.now() - timedelta(hours=25))
+    new = client.post("/api/v1/jobs/", {**BODY, "gpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY="daily")
+    assert new.status_code == 201 and new.json()["id"] != old["id"]
+
+
+@pytest.mark.django_db
+def test_invalid_key_and_invalid_body_create_nothing(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    assert_error(client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="x" * 256), 400, "invalid")
+    assert_error(client.post("/api/v1/jobs/", {**BODY, "gpus": 0}, format="json", HTTP_IDEMPOTENCY_KEY="k"), 400,
+                 "invalid", "gpus")
+    assert _jobs(tenant) == []
+    # The key was not burnt by the invalid request.
+    assert client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 201
+
+
+def test_concurrent_requests_with_one_key_create_one_job(live_server, transactional_db):
+    platform_rules_seed()
+    tenant = TenantFactory(slug="racer")
+    headers = {"Authorization": f"Bearer {token_for(tenant)}", "Idempotency-Key": "same-run"}
+    barrier = threading.Barrier(8)
+    answers: list[tuple[int, int]] = []
+
+    def submit():
+        barrier.wait()
+        r = requests.post(f"{live_server.url}/api/v1/jobs/", json=BODY, headers=headers, timeout=60)
+        answers.append((r.status_code, r.json().get("id")))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert len(answers) == 8
+    assert sorted(code for code, _ in answers) == [200] * 7 + [201], answers
+    assert len({job_id for _, job_id in answers}) == 1
+    assert len(_jobs(tenant)) == 1
