@@ -119,7 +119,8 @@ def admission_refusal(limits: Limits, usage: MonthUsage, *, open_jobs: int, mode
     gpus = max(1, gpu_milli // MILLI_PER_GPU)
     if limits.max_gpus_per_job is not None and gpus > limits.max_gpus_per_job:
         return Refusal(
-            QUOTA_EXCEEDED, f"the job asks for {gpus} GPUs; the limit max_gpus_per_job is {limits.max_gpus_per_job}",
+            QUOTA_EXCEEDED,
+            f"the job asks for {gpus} GPUs; the limit max_gpus_per_job is {limits.max_gpus_per_job}",
             "gpus",
         )
     if mode == "dedicated" and limits.max_dedicated_gpus is not None and gpus > limits.max_dedicated_gpus:

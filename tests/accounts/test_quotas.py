@@ -155,7 +155,9 @@ def test_limits_for_scheduling(rules, tenant, other_tenant):
     assert limits[third.pk].blocked_reason == "the tenant is suspended"
 
 
-def test_budgets_enforce_alerts_once_and_stops_running_jobs(rules, tenant, other_tenant):
+def test_budgets_enforce_alerts_once_and_stops_running_jobs(
+    rules, tenant, other_tenant, django_capture_on_commit_callbacks
+):
     tenant.billing_email = "billing@tenant-a.test"
     tenant.save()
     owner = member_add(tenant, role=Role.OWNER)
@@ -163,7 +165,10 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(rules, tenant, other
     running = job_make(tenant, owner, state=JobState.RUNNING)
     usage_add(tenant, amount="6.00", job=running)
 
-    assert budgets_enforce() == {"alerted": 1, "stopped": 0}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert budgets_enforce() == {"alerted": 1, "stopped": 0}
+    assert [m.to for m in mail.outbox] == [["billing@tenant-a.test"]]
+    assert "50% of its monthly budget" in mail.outbox[0].subject
     assert budgets_enforce() == {"alerted": 0, "stopped": 0}  # once a month
     assert AuditLog.objects.filter(tenant=tenant, action="budget.alert").count() == 1
 

@@ -1,0 +1,87 @@
+"""50 simultaneous submits over HTTP (live server, one thread per request, PostgreSQL)
+can never put a tenant over a limit: the admission check holds a row lock on the tenant."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from django.db import connections
+from django_scopes import scopes_disabled
+
+from accounts.models import Role
+from accounts.services import quota_set
+from scheduler.models import Job
+from scheduler.services import JobSpec, job_submit
+from tests.factories import TenantFactory, platform_rules_seed, token_for
+
+SUBMITS = 50
+
+
+def _fire(url: str, token: str, count: int) -> list[requests.Response]:
+    barrier = threading.Barrier(count, timeout=60)
+
+    def one(i: int) -> requests.Response:
+        barrier.wait()
+        return requests.post(
+            f"{url}/api/v1/jobs/",
+            json={"kind": "training", "gpus": 1, "command": ["sleep", "1"], "name": f"race-{i}"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=120,
+        )
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_simultaneous_submits_never_pass_the_open_jobs_limit(burst_server):
+    platform_rules_seed()
+    tenant, neighbour = TenantFactory(slug="race-a"), TenantFactory(slug="race-b")
+    quota_set(tenant=tenant, actor=None, max_open_jobs=7)
+    quota_set(tenant=neighbour, actor=None, max_open_jobs=3)
+    token = token_for(tenant, role=Role.MEMBER)
+
+    responses = _fire(burst_server, token, SUBMITS)
+
+    statuses = Counter(r.status_code for r in responses)
+    assert statuses == {201: 7, 403: SUBMITS - 7}, statuses
+    refusals = [r.json()["error"] for r in responses if r.status_code == 403]
+    assert {e["code"] for e in refusals} == {"quota_exceeded"}
+    assert all("max_open_jobs is 7" in e["message"] for e in refusals)
+    with scopes_disabled():
+        assert Job.objects.filter(tenant=tenant).count() == 7
+        assert Job.objects.filter(tenant=neighbour).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_threads_racing_for_the_last_open_slot():
+    """Threads calling the service directly: with one open slot left, exactly one wins.
+
+    Measured without the row lock (select_for_update removed): 30 of 50 won here and 16 of 50
+    (limit 7) in the HTTP test above."""
+    platform_rules_seed()
+    tenant = TenantFactory(slug="race-c")
+    quota_set(tenant=tenant, actor=None, max_open_jobs=5)
+    for _ in range(4):
+        job_submit(tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["true"]))
+    barrier = threading.Barrier(SUBMITS, timeout=60)
+
+    def one(_):
+        barrier.wait()
+        try:
+            job_submit(tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["true"]))
+            return "ok"
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test counts
+            return getattr(exc, "code", repr(exc))
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=SUBMITS) as pool:
+        outcomes = Counter(pool.map(one, range(SUBMITS)))
+    assert outcomes == {"ok": 1, "quota_exceeded": SUBMITS - 1}, outcomes
+    with scopes_disabled():
+        assert Job.objects.filter(tenant=tenant).count() == 5
