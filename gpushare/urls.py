@@ -10,6 +10,7 @@ handler500 = "gpushare.api.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("console/", include("console.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

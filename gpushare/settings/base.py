@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "scheduler",
     "billing",
     "portal",
+    "console",
 ]
 
 MIDDLEWARE = [

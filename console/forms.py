@@ -1,0 +1,74 @@
+"""Forms of the console's custom pages."""
+
+from __future__ import annotations
+
+from django import forms
+from django.forms import modelformset_factory
+
+from scheduler.models import JobKind, PriorityClass
+
+from .rules import ClassDraft
+
+CLASS_FIELDS = [
+    "rank", "preemptible", "may_preempt", "min_runtime_s", "grace_period_s", "price_multiplier", "default_for_kind",
+]
+
+
+class PriorityClassRuleForm(forms.ModelForm):
+    default_for_kind = forms.ChoiceField(
+        choices=[("", "—"), *JobKind.choices], required=False, label="default for kind"
+    )
+
+    class Meta:
+        model = PriorityClass
+        fields = CLASS_FIELDS
+        widgets = {"may_preempt": forms.SelectMultiple(attrs={"size": 3})}
+
+    def draft(self) -> ClassDraft:
+        data = self.cleaned_data
+        return ClassDraft(
+            name=self.instance.name,
+            rank=data["rank"],
+            preemptible=data["preemptible"],
+            may_preempt=frozenset(c.name for c in data["may_preempt"]),
+            min_runtime_s=data["min_runtime_s"],
+            grace_period_s=data["grace_period_s"],
+            price_multiplier=data["price_multiplier"],
+            default_for_kind=data["default_for_kind"],
+        )
+
+
+PriorityClassRuleFormSet = modelformset_factory(PriorityClass, form=PriorityClassRuleForm, extra=0, can_delete=False)
+
+
+class WindowForm(forms.Form):
+    hours = forms.IntegerField(
+        min_value=1, max_value=24 * 31, initial=24, label="replay the last (hours)",
+        help_text="Submissions of this window are replayed on the fleet as it is now.",
+    )
+
+
+class FairShareForm(forms.Form):
+    """The fair-share half-life and one weight per tenant (``weight__<slug>``)."""
+
+    half_life_hours = forms.DecimalField(
+        min_value=0.01, max_digits=8, decimal_places=2, label="fair-share half-life (hours)",
+        help_text="Past usage counts half as much after this long.",
+    )
+
+    def __init__(self, *args, tenants: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tenants = tenants
+        for slug in tenants:
+            self.fields[f"weight__{slug}"] = forms.DecimalField(
+                min_value=0.001, max_digits=8, decimal_places=3, label=slug, initial=1
+            )
+
+    def weights(self) -> dict:
+        return {slug: self.cleaned_data[f"weight__{slug}"] for slug in self.tenants}
+
+    def half_life_s(self) -> int:
+        return int(self.cleaned_data["half_life_hours"] * 3600)
+
+    def weight_fields(self):
+        return [self[f"weight__{slug}"] for slug in self.tenants]

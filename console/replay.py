@@ -1,0 +1,122 @@
+"""Feeds the what-if replay from the database: recorded submissions, the fleet as it is now,
+and the rules in force (or proposed). The simulation itself is console.whatif (pure)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from agents.models import Gpu
+from scheduler import placement
+from scheduler.models import MILLI_PER_GPU, JobMode, PriorityClass
+
+from . import selectors, whatif
+from .rules import ClassDraft, RuleSet
+
+
+def _ms(value: datetime) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def history_between(*, start: datetime, end: datetime) -> list[whatif.HistoryJob]:
+    """Submissions in [start, end): each runs for what it ran (started -> finished), or its max runtime."""
+    history = []
+    for job in selectors.submissions_between(start=start, end=end):
+        max_runtime_ms = job.max_runtime_s * 1000
+        if job.started_at and job.finished_at:
+            run_ms = max(1, _ms(job.finished_at) - _ms(job.started_at))
+        else:
+            run_ms = max_runtime_ms
+        shared = job.mode == JobMode.SHARED
+        history.append(
+            whatif.HistoryJob(
+                job_id=job.pk,
+                tenant=job.tenant.slug,
+                priority=job.priority.name,
+                submitted_ms=_ms(job.submitted_at),
+                run_ms=run_ms,
+                shared=shared,
+                count=1 if shared else job.gpu_milli // MILLI_PER_GPU,
+                share_milli=job.gpu_milli if shared else MILLI_PER_GPU,
+                gpu_model=job.gpu_model,
+                gpu_memory_mb=job.gpu_memory_mb or 0,
+                max_runtime_ms=max_runtime_ms,
+            )
+        )
+    return history
+
+
+@scopes_disabled()
+def fleet_now() -> list[placement.NodeSlot]:
+    """The fleet as it is now (schedulable nodes, healthy GPUs, reservations), with nothing held."""
+    nodes: dict[str, placement.NodeSlot] = {}
+    for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
+        node = nodes.setdefault(gpu.node.name, placement.NodeSlot(name=gpu.node.name, schedulable=gpu.node.schedulable))
+        node.gpus.append(
+            placement.GpuSlot(
+                uuid=gpu.uuid, node=gpu.node.name, model=gpu.model, memory_mb=gpu.memory_mb,
+                reservation=gpu.reservation, healthy=gpu.health == Gpu.Health.OK,
+            )
+        )
+    return list(nodes.values())
+
+
+def ruleset_current() -> RuleSet:
+    classes = tuple(
+        ClassDraft(
+            name=c.name,
+            rank=c.rank,
+            preemptible=c.preemptible,
+            may_preempt=frozenset(p.name for p in c.may_preempt.all()),
+            min_runtime_s=c.min_runtime_s,
+            grace_period_s=c.grace_period_s,
+            price_multiplier=c.price_multiplier,
+            default_for_kind=c.default_for_kind,
+        )
+        for c in PriorityClass.objects.prefetch_related("may_preempt").order_by("-rank", "name")
+    )
+    return RuleSet(classes=classes, weights=weights_current(), half_life_s=half_life_current_s())
+
+
+def weights_current() -> dict:
+    return {}
+
+
+def half_life_current_s() -> int:
+    return 7 * 24 * 3600
+
+
+def whatif_rules(rules: RuleSet) -> whatif.Rules:
+    return whatif.Rules(
+        classes={
+            c.name: whatif.ClassRule(
+                name=c.name,
+                rank=c.rank,
+                preemptible=c.preemptible,
+                may_preempt=frozenset(c.may_preempt),
+                min_runtime_ms=c.min_runtime_s * 1000,
+                grace_ms=c.grace_period_s * 1000,
+            )
+            for c in rules.classes
+        },
+        tenant_weights={slug: float(w) for slug, w in rules.weights.items()},
+        half_life_ms=rules.half_life_s * 1000,
+        default_max_runtime_ms=settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"] * 1000,
+    )
+
+
+def preview(*, proposed: RuleSet, hours: int = 24, end: datetime | None = None) -> whatif.Comparison:
+    """Replay the last ``hours`` of submissions under the rules in force and under ``proposed``."""
+    end = end or timezone.now()
+    start = end - timedelta(hours=hours)
+    return whatif.compare(
+        history=history_between(start=start, end=end),
+        nodes=fleet_now(),
+        current=whatif_rules(ruleset_current()),
+        proposed=whatif_rules(proposed),
+        window_start_ms=_ms(start),
+        window_end_ms=_ms(end),
+    )

@@ -1,0 +1,291 @@
+"""Read queries for the operator console. Platform-wide, so every one runs with scopes disabled."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from django.db.models import Count, Q, Sum
+from django_scopes import scopes_disabled
+
+from accounts.models import AuditLog
+from agents.models import Gpu, GpuOutage, Node
+from scheduler.models import ACTIVE_STATES, MILLI_PER_GPU, Allocation, Job, JobMode, JobState
+
+# --- fleet -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holder:
+    job_id: int
+    job_name: str
+    tenant: str
+    priority: str
+    share_milli: int
+    isolation: str
+    state: str
+
+    @property
+    def fraction(self) -> str:
+        if self.share_milli == MILLI_PER_GPU:
+            return "whole"
+        return f"{self.share_milli / MILLI_PER_GPU:g}"
+
+
+@dataclass
+class GpuCell:
+    gpu: Gpu
+    holders: list[Holder] = field(default_factory=list)
+    outage: GpuOutage | None = None
+
+    @property
+    def used_milli(self) -> int:
+        return sum(h.share_milli for h in self.holders)
+
+    @property
+    def state(self) -> str:
+        """ok-free, ok-shared, ok-dedicated, or out (of service)."""
+        if self.gpu.health != Gpu.Health.OK:
+            return "out"
+        if not self.holders:
+            return "free"
+        return "dedicated" if any(h.share_milli == MILLI_PER_GPU for h in self.holders) else "shared"
+
+    def metric(self, name: str):
+        return (self.gpu.last_metrics or {}).get(name)
+
+    @property
+    def util(self):
+        return self.metric("util")
+
+    @property
+    def memory_used_mb(self):
+        return self.metric("memory_used_mb")
+
+    @property
+    def temperature_c(self):
+        return self.metric("temperature_c")
+
+
+@dataclass
+class NodeRow:
+    node: Node
+    gpus: list[GpuCell]
+    running_jobs: int
+
+    @property
+    def used_milli(self) -> int:
+        return sum(c.used_milli for c in self.gpus)
+
+
+@scopes_disabled()
+def fleet_grid() -> list[NodeRow]:
+    """Every node and GPU with who holds what, in three queries."""
+    gpus = list(Gpu.objects.select_related("node").order_by("node__name", "index"))
+    holders: dict[int, list[Holder]] = defaultdict(list)
+    live = Allocation.objects.filter(released_at__isnull=True).select_related("job__tenant", "job__priority")
+    for allocation in live:
+        job = allocation.job
+        holders[allocation.gpu_id].append(
+            Holder(
+                job_id=job.pk,
+                job_name=job.name,
+                tenant=job.tenant.slug,
+                priority=job.priority.name,
+                share_milli=allocation.share_milli,
+                isolation=job.isolation or ("exclusive" if job.mode == JobMode.DEDICATED else ""),
+                state=job.state,
+            )
+        )
+    outages = {o.gpu_id: o for o in GpuOutage.objects.filter(ended_at__isnull=True)}
+    rows: dict[int, NodeRow] = {}
+    for node in Node.objects.annotate(running=Count("jobs", filter=Q(jobs__state__in=ACTIVE_STATES))):
+        rows[node.pk] = NodeRow(node=node, gpus=[], running_jobs=node.running)
+    for gpu in gpus:
+        rows[gpu.node_id].gpus.append(GpuCell(gpu=gpu, holders=holders.get(gpu.pk, []), outage=outages.get(gpu.pk)))
+    return list(rows.values())
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    nodes: int
+    nodes_schedulable: int
+    gpus: int
+    gpus_out_of_service: int
+    allocated_milli: int
+
+    @property
+    def allocated_percent(self) -> float:
+        usable = (self.gpus - self.gpus_out_of_service) * MILLI_PER_GPU
+        return 100.0 * self.allocated_milli / usable if usable else 0.0
+
+
+def fleet_summary(rows: list[NodeRow]) -> FleetSummary:
+    cells = [c for r in rows for c in r.gpus]
+    return FleetSummary(
+        nodes=len(rows),
+        nodes_schedulable=sum(1 for r in rows if r.node.schedulable),
+        gpus=len(cells),
+        gpus_out_of_service=sum(1 for c in cells if c.state == "out"),
+        allocated_milli=sum(c.used_milli for c in cells),
+    )
+
+
+# --- queue -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    position: int
+    job: Job
+
+    @property
+    def waited_s(self) -> float:
+        from django.utils import timezone
+
+        return (timezone.now() - self.job.submitted_at).total_seconds()
+
+
+@scopes_disabled()
+def queue_rows(*, limit: int = 500) -> list[QueueRow]:
+    """The queued jobs in the order the scheduler considers them (class rank, then submit time).
+
+    Fair share reorders tenants within a class at each pass; ``pending_reason``
+    and ``estimated_start_at`` are what the last pass wrote.
+    """
+    queued = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .select_related("tenant", "priority")
+        .order_by("-priority__rank", "submitted_at", "id")[:limit]
+    )
+    return [QueueRow(position=i, job=job) for i, job in enumerate(queued, start=1)]
+
+
+@scopes_disabled()
+def job_for_console(*, job_id: int) -> Job | None:
+    return Job.objects.select_related("tenant", "priority", "node").filter(pk=job_id).first()
+
+
+# --- audit -----------------------------------------------------------------
+
+
+def audit_recent(*, limit: int = 50, action_prefix: str = "") -> list[AuditLog]:
+    entries = AuditLog.objects.select_related("actor", "tenant")
+    if action_prefix:
+        entries = entries.filter(action__startswith=action_prefix)
+    return list(entries[:limit])
+
+
+# --- history for the what-if replay ----------------------------------------
+
+
+@scopes_disabled()
+def submissions_between(*, start: datetime, end: datetime) -> list[Job]:
+    """Jobs submitted in [start, end), with what the replay needs."""
+    return list(
+        Job.objects.filter(submitted_at__gte=start, submitted_at__lt=end)
+        .select_related("tenant", "priority")
+        .only(
+            "id", "tenant__slug", "priority__name", "submitted_at", "started_at", "finished_at", "gpu_milli",
+            "mode", "gpu_model", "gpu_memory_mb", "max_runtime_s", "state",
+        )
+        .order_by("submitted_at", "id")
+    )
+
+
+@scopes_disabled()
+def tenant_slugs() -> list[str]:
+    from accounts.models import Tenant
+
+    return list(Tenant.objects.order_by("slug").values_list("slug", flat=True))
+
+
+# --- reports ---------------------------------------------------------------
+
+
+@dataclass
+class UsageLine:
+    name: str
+    gpus: int = 0
+    available_gpu_hours: float = 0.0
+    held_gpu_hours: float = 0.0
+    revenue: Decimal = Decimal(0)
+
+    @property
+    def utilisation_percent(self) -> float:
+        return 100.0 * self.held_gpu_hours / self.available_gpu_hours if self.available_gpu_hours else 0.0
+
+    @property
+    def idle_gpu_hours(self) -> float:
+        return max(0.0, self.available_gpu_hours - self.held_gpu_hours)
+
+
+@dataclass
+class Report:
+    month: date
+    start: datetime
+    until: datetime
+    by_model: list[UsageLine]
+    by_node: list[UsageLine]
+    top_tenants: list[UsageLine]
+
+    @property
+    def total(self) -> UsageLine:
+        line = UsageLine("all")
+        for item in self.by_model:
+            line.gpus += item.gpus
+            line.available_gpu_hours += item.available_gpu_hours
+            line.held_gpu_hours += item.held_gpu_hours
+            line.revenue += item.revenue
+        return line
+
+
+HOUR_MS = 3_600_000
+
+
+@scopes_disabled()
+def usage_report(*, month: date, now: datetime) -> Report:
+    """Utilisation, idle capacity and revenue per GPU model and node for a month (to now if current).
+
+    Held time comes from the metered usage windows; revenue from the rated
+    charges. Available time is GPUs x hours of the month so far (GPUs
+    registered mid-month and outages are not subtracted: the billing ledger
+    does that exactly).
+    """
+    from billing.models import Charge, UsageWindow
+
+    start = datetime(month.year, month.month, 1, tzinfo=UTC)
+    next_month = datetime(month.year + month.month // 12, month.month % 12 + 1, 1, tzinfo=UTC)
+    until = min(now, next_month)
+    hours = max(0.0, (until - start).total_seconds() / 3600)
+    start_ms, until_ms = int(start.timestamp() * 1000), int(until.timestamp() * 1000)
+
+    by_model: dict[str, UsageLine] = {}
+    by_node: dict[str, UsageLine] = {}
+    for model, node, count in Gpu.objects.values_list("model", "node__name").annotate(n=Count("id")):
+        for table, key in ((by_model, model), (by_node, node)):
+            line = table.setdefault(key, UsageLine(key))
+            line.gpus += count
+            line.available_gpu_hours += count * hours
+    windows = UsageWindow.objects.filter(start_ms__gte=start_ms, start_ms__lt=until_ms)
+    for model, node, gpu_ms in windows.values_list("gpu_model", "node__name").annotate(ms=Sum("gpu_ms")):
+        by_model.setdefault(model, UsageLine(model)).held_gpu_hours += gpu_ms / HOUR_MS
+        by_node.setdefault(node, UsageLine(node)).held_gpu_hours += gpu_ms / HOUR_MS
+    charges = Charge.objects.filter(month=month)
+    for model, node, amount in charges.values_list("gpu_model", "window__node__name").annotate(a=Sum("amount")):
+        by_model.setdefault(model, UsageLine(model)).revenue += amount
+        by_node.setdefault(node, UsageLine(node)).revenue += amount
+    tenants: dict[str, UsageLine] = {}
+    for slug, amount in charges.values_list("tenant__slug").annotate(a=Sum("amount")):
+        tenants.setdefault(slug, UsageLine(slug)).revenue += amount
+    for slug, gpu_ms in windows.values_list("tenant__slug").annotate(ms=Sum("gpu_ms")):
+        tenants.setdefault(slug, UsageLine(slug)).held_gpu_hours += gpu_ms / HOUR_MS
+    top = sorted(tenants.values(), key=lambda t: (-t.revenue, -t.held_gpu_hours, t.name))[:10]
+    return Report(
+        month=month, start=start, until=until,
+        by_model=sorted(by_model.values(), key=lambda x: x.name),
+        by_node=sorted(by_node.values(), key=lambda x: x.name),
+        top_tenants=top,
+    )

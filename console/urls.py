@@ -1,0 +1,18 @@
+from django.urls import path
+
+from . import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("fleet/", views.fleet, name="fleet"),
+    path("fleet/nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
+    path("queue/", views.queue, name="queue"),
+    path("queue/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("queue/<int:pk>/class/", views.job_reclass, name="job-reclass"),
+]
+urlpatterns += [
+    path("rules/", views.rules, name="rules"),
+    path("reports/", views.reports, name="reports"),
+]
