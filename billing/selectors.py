@@ -1,17 +1,296 @@
-"""Read queries for prices and usage."""
+"""Read queries for prices, usage, spend, estimates and invoices."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
 
-from .models import Price
+from django.db.models import Count, DateTimeField, F, Func, Max, Min, Q, Sum, Value
+from django.db.models.functions import TruncDay
+
+from accounts.models import Tenant
+from scheduler.models import MILLI_PER_GPU, PriorityClass
+
+from . import rating
+from .models import Charge, Invoice, InvoiceLine, Price, SpendAlert
+
+MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+def month_parse(value: str) -> date:
+    """'2026-03' -> date(2026, 3, 1); a clear ValueError otherwise."""
+    m = MONTH_RE.match(value or "")
+    if not m or not 1 <= int(m.group(2)) <= 12:
+        raise ValueError(f"month must look like YYYY-MM (e.g. 2026-03), got {value!r}")
+    return date(int(m.group(1)), int(m.group(2)), 1)
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
 
 
 def price_at(*, gpu_model: str, mode: str, at_ms: int) -> Price | None:
     """The price in force for ``gpu_model`` in ``mode`` at ``at_ms``."""
     at = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
     return (
-        Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from__lte=at)
-        .order_by("-effective_from")
-        .first()
+        Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from__lte=at).order_by("-effective_from").first()
     )
+
+
+# --- spend ----------------------------------------------------------------
+
+
+def tenant_month_spend(*, tenant: Tenant, at: datetime) -> Decimal:
+    """What the tenant has been charged (exact, unrounded) in ``at``'s month up to ``at``.
+
+    Usage is metered in windows of about a minute, so this is current to the
+    last window the agents reported. Accounts' budget enforcement calls this.
+    """
+    at_ms = _ms(at)
+    month = rating.month_of(at_ms)
+    total = Charge.objects.filter(tenant=tenant, month=month, start_ms__lt=at_ms).aggregate(s=Sum("amount"))["s"]
+    return total or Decimal(0)
+
+
+@dataclass(frozen=True)
+class SpendSummary:
+    month: date
+    spent: Decimal  # rounded to cents
+    projected: Decimal  # linear projection to month end
+    limit: Decimal | None
+    alert_percent: int | None
+
+
+def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
+    """Spend so far this month and a projection: spend ÷ elapsed × month length."""
+    at_ms = _ms(at)
+    month = rating.month_of(at_ms)
+    start, end = rating.month_bounds_ms(month)
+    spent = tenant_month_spend(tenant=tenant, at=at)
+    elapsed = max(at_ms - start, 60_000)
+    projected = spent * (end - start) / elapsed
+    limit, percent = tenant_budget(tenant=tenant)
+    return SpendSummary(
+        month=month,
+        spent=rating.line_round(spent),
+        projected=rating.line_round(projected),
+        limit=limit,
+        alert_percent=percent,
+    )
+
+
+def tenant_budget(*, tenant: Tenant) -> tuple[Decimal | None, int | None]:
+    """(monthly spend limit, alert percent) from the accounts quota (tenant override, then plan), if any."""
+    try:
+        from accounts.models import TenantQuota
+    except ImportError:  # the accounts quota model is not there
+        return None, None
+    quota = TenantQuota.objects.filter(tenant=tenant).select_related("plan").first()
+    if quota is None:
+        return None, None
+    plan = quota.plan
+    limit = (
+        quota.monthly_spend_limit
+        if quota.monthly_spend_limit is not None
+        else getattr(plan, "monthly_spend_limit", None)
+    )
+    percent = (
+        quota.budget_alert_percent
+        if quota.budget_alert_percent is not None
+        else getattr(plan, "budget_alert_percent", None)
+    )
+    return limit, percent
+
+
+# --- estimates --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    gpu_model: str
+    mode: str
+    priority: str
+    gpu_milli: int
+    max_runtime_s: int
+    per_gpu_hour: Decimal
+    multiplier: Decimal
+    per_hour: Decimal  # for the whole request, rounded to cents
+    max_cost: Decimal  # if it runs the full max runtime
+
+
+class EstimateError(ValueError):
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def job_estimate(
+    *, gpu_milli: int, max_runtime_s: int, priority: PriorityClass, gpu_model: str = "", at: datetime
+) -> list[Estimate]:
+    """Cost of a request before it runs, at the prices in force at ``at``.
+
+    Without ``gpu_model`` one estimate per model priced for the mode, cheapest
+    first. Whole GPUs are dedicated, a fraction is a shared slice.
+    """
+    if gpu_milli <= 0 or (gpu_milli > MILLI_PER_GPU and gpu_milli % MILLI_PER_GPU):
+        raise EstimateError("gpus must be a fraction up to 1 (e.g. 0.25) or a whole number", "gpus")
+    mode = "dedicated" if gpu_milli % MILLI_PER_GPU == 0 else "shared"
+    prices = Price.objects.filter(mode=mode, effective_from__lte=at).order_by("gpu_model", "-effective_from")
+    if gpu_model:
+        prices = prices.filter(gpu_model=gpu_model)
+    current: dict[str, Price] = {}
+    for p in prices:
+        current.setdefault(p.gpu_model, p)
+    if not current:
+        raise EstimateError(f"no {mode} price for {gpu_model or 'any GPU model'}", "gpu_model")
+    out = []
+    for model, p in current.items():
+        per_hour = rating.job_estimate_amount(
+            gpu_milli=gpu_milli, seconds=3600, per_gpu_hour=p.per_gpu_hour, multiplier=priority.price_multiplier
+        )
+        out.append(
+            Estimate(
+                gpu_model=model,
+                mode=mode,
+                priority=priority.name,
+                gpu_milli=gpu_milli,
+                max_runtime_s=max_runtime_s,
+                per_gpu_hour=p.per_gpu_hour,
+                multiplier=priority.price_multiplier,
+                per_hour=per_hour,
+                max_cost=rating.job_estimate_amount(
+                    gpu_milli=gpu_milli,
+                    seconds=max_runtime_s,
+                    per_gpu_hour=p.per_gpu_hour,
+                    multiplier=priority.price_multiplier,
+                ),
+            )
+        )
+    return sorted(out, key=lambda e: (e.max_cost, e.gpu_model))
+
+
+# --- usage ------------------------------------------------------------------
+
+USAGE_GROUPS = ("day", "job", "gpu_model")
+
+
+def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: str) -> list[dict]:
+    """Held GPU-seconds, used (SM-utilisation) GPU-seconds and cost per day, job or GPU model.
+
+    Charges are split at month boundaries only, so a charge is counted in the
+    range if it starts in it (windows are about a minute long).
+    """
+    if group_by not in USAGE_GROUPS:
+        raise ValueError(f"group_by must be one of {', '.join(USAGE_GROUPS)}")
+    qs = Charge.objects.filter(tenant=tenant, start_ms__gte=_ms(start), start_ms__lt=_ms(end))
+    if group_by == "day":
+        at = Func(F("start_ms") / Value(1000.0), function="to_timestamp", output_field=DateTimeField())
+        qs = qs.annotate(key=TruncDay(at, tzinfo=UTC))
+    else:
+        qs = qs.annotate(key=F("job_id" if group_by == "job" else "gpu_model"))
+    rows = (
+        qs.values("key")
+        .annotate(gpu_ms=Sum("gpu_ms"), sm=Sum("sm_util_ms"), amount=Sum("amount"), charges=Count("id"))
+        .order_by("key")
+    )
+    return [
+        {
+            group_by: r["key"].date().isoformat() if group_by == "day" else r["key"],
+            "held_gpu_seconds": Decimal(r["gpu_ms"]) / 1000,
+            "used_gpu_seconds": Decimal(r["sm"]) / 1000,
+            "cost": rating.line_round(r["amount"]),
+        }
+        for r in rows
+    ]
+
+
+# --- invoices ---------------------------------------------------------------
+
+
+def invoices_for_tenant(*, tenant: Tenant):
+    return Invoice.objects.filter(tenant=tenant).annotate(line_count=Count("lines")).order_by("-month", "-id")
+
+
+def invoice_with_lines(*, invoice_id: int) -> Invoice | None:
+    return Invoice.objects.select_related("tenant").prefetch_related("lines").filter(pk=invoice_id).first()
+
+
+@dataclass(frozen=True)
+class LineView:
+    line: InvoiceLine
+    gpu_hours: Decimal
+    sm_util_hours: Decimal
+    memory_gb_seconds: Decimal
+    energy_kwh: Decimal
+
+
+def line_figures(line: InvoiceLine) -> LineView:
+    """The metered figures shown beside a line, in the units a person reads."""
+    return LineView(
+        line=line,
+        gpu_hours=(Decimal(line.gpu_ms) / rating.MS_PER_HOUR).quantize(Decimal("0.0001")),
+        sm_util_hours=(Decimal(line.sm_util_ms) / rating.MS_PER_HOUR).quantize(Decimal("0.0001")),
+        memory_gb_seconds=(Decimal(line.memory_mb_ms) / 1024 / 1000).quantize(Decimal("0.01")),
+        energy_kwh=(Decimal(line.energy_mj) / Decimal(3_600_000_000)).quantize(Decimal("0.0001")),
+    )
+
+
+def invoice_lines_display(*, invoice: Invoice) -> list[LineView]:
+    return [line_figures(line) for line in invoice.lines.all()]
+
+
+INVOICE_CSV_COLUMNS = (
+    "job_id",
+    "job_name",
+    "gpu_model",
+    "mode",
+    "priority_class",
+    "rate_per_gpu_hour",
+    "first_start_utc",
+    "last_end_utc",
+    "gpu_seconds",
+    "sm_util_seconds",
+    "memory_gb_seconds",
+    "energy_kwh",
+    "exact_amount",
+)
+
+
+def invoice_job_rows(*, invoice: Invoice):
+    """Per job × line key: what the job held and was charged on this invoice (exact amounts)."""
+    rows = (
+        Charge.objects.filter(invoice=invoice)
+        .values("job_id", "job__name", "gpu_model", "mode", "priority_class", "rate_per_gpu_hour")
+        .annotate(
+            first=Min("start_ms"),
+            last=Max("end_ms"),
+            gpu_ms=Sum("gpu_ms"),
+            sm=Sum("sm_util_ms"),
+            mem=Sum("memory_mb_ms"),
+            energy=Sum("energy_mj"),
+            amount=Sum("amount"),
+        )
+        .order_by("job_id", "gpu_model", "mode", "priority_class", "rate_per_gpu_hour")
+    )
+    for r in rows:
+        yield (
+            r["job_id"],
+            r["job__name"],
+            r["gpu_model"],
+            r["mode"],
+            r["priority_class"],
+            r["rate_per_gpu_hour"],
+            datetime.fromtimestamp(r["first"] / 1000, tz=UTC).isoformat(),
+            datetime.fromtimestamp(r["last"] / 1000, tz=UTC).isoformat(),
+            Decimal(r["gpu_ms"]) / 1000,
+            Decimal(r["sm"]) / 1000,
+            (Decimal(r["mem"]) / 1024 / 1000).quantize(Decimal("0.001")),
+            (Decimal(r["energy"]) / Decimal(3_600_000_000)).quantize(Decimal("0.000001")),
+            r["amount"],
+        )
+
+
+def spend_alerts_unacknowledged(*, tenant: Tenant):
+    return SpendAlert.objects.filter(tenant=tenant, acknowledged_at__isnull=True).filter(~Q(threshold=0))

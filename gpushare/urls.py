@@ -13,6 +13,8 @@ urlpatterns = [
     path("console/", include("console.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("scheduler.api.urls")),
+    path("api/v1/", include("billing.api.urls")),
+    path("billing/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
     path("api/docs/try/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-try"),

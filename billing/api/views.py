@@ -1,0 +1,96 @@
+"""REST v1 billing: usage, spend, estimates and invoices (read-only, tenant-scoped)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gpushare.api import ApiError, TenantScopedMixin
+from scheduler.services import JobError, priority_for
+
+from .. import selectors
+from ..views import invoice_csv_response
+from .serializers import (
+    EstimateQuerySerializer,
+    EstimateSerializer,
+    InvoiceDetailSerializer,
+    InvoiceSerializer,
+    SpendSerializer,
+    UsageQuerySerializer,
+    UsageRowSerializer,
+)
+
+
+class UsageView(TenantScopedMixin, APIView):
+    required_scopes = {"GET": "usage:read"}
+
+    @extend_schema(parameters=[UsageQuerySerializer], responses=UsageRowSerializer(many=True))
+    def get(self, request):
+        query = UsageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        v = query.validated_data
+        rows = selectors.usage_summary(tenant=self.tenant, start=v["start"], end=v["end"], group_by=v["group_by"])
+        return Response({"group_by": v["group_by"], "results": UsageRowSerializer(rows, many=True).data})
+
+
+class SpendView(TenantScopedMixin, APIView):
+    required_scopes = {"GET": "usage:read"}
+
+    @extend_schema(responses=SpendSerializer)
+    def get(self, request):
+        summary = selectors.spend_summary(tenant=self.tenant, at=timezone.now())
+        alerts = [
+            {"threshold": str(a.threshold), "spend": str(a.spend), "at": a.created_at.isoformat()}
+            for a in selectors.spend_alerts_unacknowledged(tenant=self.tenant).filter(month=summary.month)
+        ]
+        data = {**summary.__dict__, "alerts": alerts}
+        return Response(SpendSerializer(data).data)
+
+
+class EstimateView(TenantScopedMixin, APIView):
+    required_scopes = {"GET": "usage:read"}
+
+    @extend_schema(parameters=[EstimateQuerySerializer], responses=EstimateSerializer(many=True))
+    def get(self, request):
+        query = EstimateQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        v = query.validated_data
+        try:
+            priority = priority_for(kind=v["kind"], name=v["priority"])
+        except JobError as exc:
+            raise ApiError(str(exc), fields={"priority": [str(exc)]}) from exc
+        if v["kind"] == "training" and v["gpus"] % 1000:
+            raise ApiError("training jobs take whole GPUs: gpus must be an integer", fields={"gpus": ["whole GPUs"]})
+        try:
+            estimates = selectors.job_estimate(
+                gpu_milli=v["gpus"],
+                max_runtime_s=v["max_runtime_seconds"],
+                priority=priority,
+                gpu_model=v["gpu_model"],
+                at=timezone.now(),
+            )
+        except selectors.EstimateError as exc:
+            raise ApiError(str(exc), fields={exc.field: [str(exc)]}) from exc
+        return Response({"results": EstimateSerializer(estimates, many=True).data})
+
+
+class InvoiceViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    required_scopes = {"GET": "billing:read"}
+    filterset_fields = ["state"]
+
+    def get_queryset(self):
+        qs = selectors.invoices_for_tenant(tenant=self.tenant)
+        return qs.prefetch_related("lines") if self.action != "list" else qs
+
+    def get_serializer_class(self):
+        return InvoiceSerializer if self.action == "list" else InvoiceDetailSerializer
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    @action(detail=True, methods=["get"])
+    def csv(self, request, pk=None):
+        """Per-job detail of the invoice as CSV."""
+        return invoice_csv_response(self.get_object())

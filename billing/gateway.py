@@ -1,0 +1,213 @@
+"""Stripe, in one small module that returns plain dataclasses.
+
+Every mutating call carries an idempotency key derived from our own ids, so
+a retry (stripe-python retries network errors, 409 and 5xx itself, with
+exponential backoff, re-sending the same key) can never create a second
+customer, item, invoice or charge. Nothing outside this module imports
+``stripe`` except the webhook's signature check (``event_verify`` below).
+
+Amounts cross this boundary as integer cents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import stripe
+from django.conf import settings
+
+MAX_NETWORK_RETRIES = 4
+
+
+@dataclass(frozen=True)
+class StripeCustomer:
+    id: str
+    email: str
+
+
+@dataclass(frozen=True)
+class StripePaymentMethod:
+    id: str
+    brand: str
+    last4: str
+
+
+@dataclass(frozen=True)
+class StripeInvoiceItem:
+    id: str
+    amount_cents: int
+
+
+@dataclass(frozen=True)
+class StripeInvoice:
+    id: str
+    status: str  # draft | open | paid | void | uncollectible
+    amount_due_cents: int
+
+
+@dataclass(frozen=True)
+class PaymentResult:
+    paid: bool
+    invoice: StripeInvoice | None
+    failure_message: str = ""
+
+
+@dataclass(frozen=True)
+class StripeEventData:
+    id: str
+    type: str
+    object_id: str
+    metadata: dict
+    payload: dict
+
+
+class GatewayError(Exception):
+    """Stripe refused a request (not a card decline) or could not be reached after retries."""
+
+
+class SignatureError(Exception):
+    pass
+
+
+def _key(*parts) -> str:
+    return "gpushare-" + "-".join(str(p) for p in parts)
+
+
+class StripeGateway:
+    def __init__(self, *, api_key: str, api_base: str, finalize: bool = True):
+        self.client = stripe.StripeClient(
+            api_key, base_addresses={"api": api_base}, max_network_retries=MAX_NETWORK_RETRIES
+        )
+        # Real Stripe needs an invoice finalized before it is paid; localstripe
+        # has no finalize endpoint and pays drafts directly.
+        self.finalize = finalize
+
+    def _call(self, fn, params: dict, *, key: str | None = None, **path):
+        options = {"idempotency_key": key} if key else {}
+        try:
+            return fn(*path.values(), params=params, options=options)
+        except stripe.CardError:
+            raise
+        except stripe.StripeError as exc:
+            raise GatewayError(f"stripe: {exc.user_message or exc}") from exc
+
+    def customer_ensure(self, *, tenant_id: int, email: str, name: str, existing_id: str = "") -> StripeCustomer:
+        if existing_id:
+            found = self._call(self.client.v1.customers.retrieve, {}, id=existing_id)
+            return StripeCustomer(id=found.id, email=found.email or "")
+        created = self._call(
+            self.client.v1.customers.create,
+            {"email": email, "name": name, "metadata": {"gpushare_tenant_id": str(tenant_id)}},
+            key=_key("customer", tenant_id),
+        )
+        return StripeCustomer(id=created.id, email=created.email or "")
+
+    def payment_method_attach(self, *, customer_id: str, payment_method_id: str) -> StripePaymentMethod:
+        """Attach a payment method (from Stripe.js, or a test one like ``pm_card_visa``) as the default."""
+        try:
+            pm = self._call(
+                self.client.v1.payment_methods.attach,
+                {"customer": customer_id},
+                key=_key("pm-attach", customer_id, payment_method_id),
+                id=payment_method_id,
+            )
+        except stripe.CardError as exc:
+            raise GatewayError(f"card declined: {exc.user_message or exc}") from exc
+        self._call(
+            self.client.v1.customers.update,
+            {"invoice_settings": {"default_payment_method": pm.id}},
+            key=_key("pm-default", customer_id, pm.id),
+            id=customer_id,
+        )
+        card = pm.get("card") or {}
+        return StripePaymentMethod(id=pm.id, brand=card.get("brand", ""), last4=card.get("last4", ""))
+
+    def invoice_item_create(
+        self, *, customer_id: str, line_id: int, amount_cents: int, currency: str, description: str
+    ) -> StripeInvoiceItem:
+        item = self._call(
+            self.client.v1.invoice_items.create,
+            {
+                "customer": customer_id,
+                "amount": amount_cents,
+                "currency": currency,
+                "description": description,
+                "metadata": {"gpushare_invoice_line_id": str(line_id)},
+            },
+            key=_key("invoice-line", line_id),
+        )
+        return StripeInvoiceItem(id=item.id, amount_cents=item.amount)
+
+    def invoice_create(self, *, customer_id: str, invoice_id: int, description: str) -> StripeInvoice:
+        """Create the Stripe invoice holding the customer's pending items (ours, just created)."""
+        invoice = self._call(
+            self.client.v1.invoices.create,
+            {
+                "customer": customer_id,
+                "description": description,
+                "pending_invoice_items_behavior": "include",
+                "metadata": {"gpushare_invoice_id": str(invoice_id)},
+            },
+            key=_key("invoice", invoice_id),
+        )
+        return self._invoice(invoice)
+
+    def invoice_finalize(self, *, stripe_invoice_id: str, invoice_id: int) -> StripeInvoice:
+        if not self.finalize:
+            return self._invoice(self._call(self.client.v1.invoices.retrieve, {}, id=stripe_invoice_id))
+        invoice = self._call(
+            self.client.v1.invoices.finalize_invoice,
+            {"auto_advance": False},
+            key=_key("invoice-finalize", invoice_id),
+            id=stripe_invoice_id,
+        )
+        return self._invoice(invoice)
+
+    def invoice_pay(self, *, stripe_invoice_id: str, invoice_id: int, attempt: int) -> PaymentResult:
+        """Try to charge the invoice; a decline is a result, not an exception.
+
+        ``attempt`` is part of the idempotency key: a retry of the same attempt
+        replays it, a deliberate new attempt (after a failure) charges again.
+        """
+        try:
+            invoice = self._call(
+                self.client.v1.invoices.pay, {}, key=_key("invoice-pay", invoice_id, attempt), id=stripe_invoice_id
+            )
+        except stripe.CardError as exc:
+            return PaymentResult(paid=False, invoice=None, failure_message=str(exc.user_message or exc)[:300])
+        except GatewayError as exc:
+            if "payment method" in str(exc).lower():
+                return PaymentResult(paid=False, invoice=None, failure_message=str(exc)[:300])
+            raise
+        result = self._invoice(invoice)
+        if result.status == "paid":
+            return PaymentResult(paid=True, invoice=result)
+        return PaymentResult(paid=False, invoice=result, failure_message="the payment was declined")
+
+    @staticmethod
+    def _invoice(invoice) -> StripeInvoice:
+        return StripeInvoice(id=invoice.id, status=invoice.status, amount_due_cents=invoice.amount_due or 0)
+
+
+def gateway() -> StripeGateway:
+    return StripeGateway(
+        api_key=settings.STRIPE_API_KEY,
+        api_base=settings.STRIPE_API_BASE,
+        finalize=getattr(settings, "STRIPE_FINALIZE", True),
+    )
+
+
+def event_verify(*, payload: bytes, signature: str, secret: str) -> StripeEventData:
+    """Check ``Stripe-Signature`` and return the event; raise SignatureError if it does not verify."""
+    try:
+        event = stripe.Webhook.construct_event(payload, signature, secret)
+    except (stripe.SignatureVerificationError, ValueError) as exc:
+        raise SignatureError(str(exc)) from exc
+    data = event.get("data", {}).get("object", {}) or {}
+    return StripeEventData(
+        id=event["id"],
+        type=event["type"],
+        object_id=data.get("id", "") or "",
+        metadata=dict(data.get("metadata") or {}),
+        payload=event.to_dict() if hasattr(event, "to_dict") else dict(event),
+    )

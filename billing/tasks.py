@@ -1,0 +1,57 @@
+"""Thin Celery entry points for billing: each takes ids, calls one service, is safe to run twice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.db import transaction
+from django.utils import timezone
+
+from . import gateway, rating
+from .selectors import month_parse
+from .services import invoices, payments, spend
+
+# Close a month this long after it ends: agents report windows within a minute
+# or two (and retry from their spool), so the month's last windows are in.
+CLOSE_SETTLE_MS = 60 * 60 * 1000
+
+
+@shared_task(name="billing.close_month", ignore_result=True)
+def close_month_task(*, month: str = "") -> int:
+    """Close ``month`` (YYYY-MM; default: the month before now), then send each new invoice to Stripe."""
+    if month:
+        first_day = month_parse(month)
+    else:
+        now_ms = int(timezone.now().timestamp() * 1000)
+        this_month = rating.month_of(now_ms)
+        if now_ms - rating.month_start_ms(this_month) < CLOSE_SETTLE_MS:
+            return 0  # let the last windows of the month arrive first
+        first_day = (this_month - timedelta(days=1)).replace(day=1)
+    closed = invoices.invoices_close_month(month=first_day)
+    for invoice in closed:
+        if invoice.state == invoice.State.DRAFT:
+            transaction.on_commit(lambda pk=invoice.pk: invoice_send_task.delay(invoice_id=pk))
+    return len(closed)
+
+
+@shared_task(
+    name="billing.invoice_send",
+    ignore_result=True,
+    autoretry_for=(gateway.GatewayError,),
+    retry_backoff=30,
+    retry_backoff_max=3600,
+    max_retries=8,
+)
+def invoice_send_task(*, invoice_id: int) -> None:
+    payments.invoice_send(invoice_id=invoice_id)
+
+
+@shared_task(name="billing.dunning_check", ignore_result=True)
+def dunning_check_task() -> int:
+    return len(payments.dunning_check())
+
+
+@shared_task(name="billing.spend_check", ignore_result=True)
+def spend_check_task() -> int:
+    return len(spend.spend_alerts_check())
