@@ -1,0 +1,407 @@
+"""``gpushare`` command line. Exit codes (stable; CI scripts may rely on them):
+
+====  ==========================================================================
+0     success (for ``submit --wait`` / ``wait``: the job succeeded)
+N     ``submit --wait`` / ``wait``: the job failed with exit code N (1-255; a job
+      killed by signal S gives 128+S, a failure without an exit code gives 1)
+2     bad command line or configuration
+120   the job was cancelled
+121   the job was lost, or preempted and not requeued (the platform gave up)
+124   ``--timeout`` passed before the job ended (the job keeps running; cancel it
+      with ``gpushare cancel`` or pass ``--cancel-on-timeout``)
+125   the platform refused the request (4xx) or could not be reached after retries
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from .client import ApiError, Client
+from .config import ConfigError, config_load
+
+EXIT_USAGE = 2
+EXIT_CANCELLED = 120
+EXIT_GAVE_UP = 121
+EXIT_TIMEOUT = 124
+EXIT_API = 125
+
+FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
+PREEMPTED_PATIENCE_S = 120.0
+BODY_FIELDS = (
+    "name", "kind", "gpus", "command", "image", "env", "gpu_model", "gpu_memory_mb", "priority", "max_runtime_seconds",
+)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _err(message: str) -> None:
+    print(f"gpushare: {message}", file=sys.stderr, flush=True)
+
+
+def _poll_interval() -> float:
+    try:
+        return max(0.05, float(os.environ.get("GPUSHARE_POLL_INTERVAL", "2")))
+    except ValueError:
+        return 2.0
+
+
+# --- submit -----------------------------------------------------------------
+
+
+def _gpus(text: str):
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("gpus is a number: 1-8, or 0.125, 0.25, 0.5") from exc
+    return int(value) if value.is_integer() else value
+
+
+def job_body(args) -> dict:
+    """The request body: the -f file, then the flags over it."""
+    body: dict = {}
+    if args.file:
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+            loaded = yaml.safe_load(text) or {}
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read job file {args.file}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise UsageError(f"{args.file} must be a mapping of the job's fields ({', '.join(BODY_FIELDS)})")
+        unknown = sorted(set(loaded) - set(BODY_FIELDS))
+        if unknown:
+            raise UsageError(f"{args.file}: unknown field(s) {', '.join(unknown)}; known: {', '.join(BODY_FIELDS)}")
+        body.update(loaded)
+        if isinstance(body.get("command"), str):
+            body["command"] = ["/bin/sh", "-c", body["command"]]
+    for name in ("name", "kind", "gpus", "image", "gpu_model", "gpu_memory_mb", "priority", "max_runtime_seconds"):
+        value = getattr(args, name)
+        if value is not None:
+            body[name] = value
+    if args.env:
+        env = dict(body.get("env") or {})
+        for pair in args.env:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
+            env[key] = value
+        body["env"] = env
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if command:
+        body["command"] = command
+    if "kind" not in body:
+        body["kind"] = "inference" if isinstance(body.get("gpus"), float) else "training"
+    if "gpus" not in body:
+        body["gpus"] = 1
+    if not body.get("command"):
+        raise UsageError("no command: put it after '--' (gpushare submit -- python train.py) or in the job file")
+    return body
+
+
+def cmd_submit(client: Client, args) -> int:
+    body = job_body(args)
+    key = args.idempotency_key or os.environ.get("GPUSHARE_IDEMPOTENCY_KEY") or f"cli-{uuid.uuid4()}"
+    job, created = client.job_submit(body, idempotency_key=key)
+    if args.json and not args.wait:
+        print(json.dumps(job))
+    elif not args.quiet:
+        verb = "submitted" if created else "already submitted (same Idempotency-Key)"
+        _err(f"job {job['id']} {verb}: {job['state']}" + _queue_text(job))
+        if not args.json:
+            print(job["id"])
+    if not args.wait:
+        return 0
+    return wait_for_job(client, job, timeout=args.timeout, follow=args.logs, quiet=args.quiet,
+                        cancel_on_timeout=args.cancel_on_timeout, as_json=args.json)
+
+
+# --- waiting and logs ---------------------------------------------------------
+
+
+def _queue_text(job: dict) -> str:
+    parts = []
+    if job.get("queue_position"):
+        parts.append(f"position {job['queue_position']} in the queue")
+    if job.get("estimated_start"):
+        parts.append(f"estimated start {job['estimated_start']}")
+    if job.get("pending_reason") and job.get("state") == "queued":
+        parts.append(job["pending_reason"])
+    if job.get("node") and job.get("state") in ("scheduled", "running"):
+        parts.append(f"on {job['node']}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def job_exit_code(job: dict) -> int:
+    state = job["state"]
+    if state == "succeeded":
+        return 0
+    if state == "cancelled":
+        return EXIT_CANCELLED
+    if state in ("lost", "preempted"):
+        return EXIT_GAVE_UP
+    code = job.get("exit_code")
+    if code is None or code == 0:
+        return 1
+    if code < 0:
+        return min(255, 128 - code)  # killed by signal -code
+    return code if code <= 255 else 1
+
+
+class LogFollower:
+    """Prints a job's log from where it left off."""
+
+    def __init__(self, client: Client, job_id: int, *, offset: int = 0, out=None):
+        self.client, self.job_id, self.offset = client, job_id, offset
+        self.out = out or sys.stdout
+        self.complete = False
+
+    def poll(self) -> bool:
+        """Print what is new; True when something was printed."""
+        page = self.client.job_logs(self.job_id, offset=self.offset)
+        if page["data"]:
+            self.out.write(page["data"])
+            self.out.flush()
+        printed = page["next_offset"] != self.offset
+        self.offset = page["next_offset"]
+        self.complete = bool(page.get("complete"))
+        return printed
+
+
+def wait_for_job(client: Client, job: dict, *, timeout: float | None, follow: bool = False, quiet: bool = False,
+                 cancel_on_timeout: bool = False, as_json: bool = False) -> int:
+    deadline = time.monotonic() + timeout if timeout else None
+    interval = _poll_interval()
+    logs = LogFollower(client, job["id"]) if follow else None
+    seen = (job["state"], job.get("queue_position"))
+    preempted_since = None
+    while True:
+        if logs is not None:
+            while logs.poll():
+                pass
+        if job["state"] in FINAL_STATES:
+            if logs is None or logs.complete:
+                break
+        elif job["state"] == "preempted":
+            preempted_since = preempted_since or time.monotonic()
+            if time.monotonic() - preempted_since > PREEMPTED_PATIENCE_S:
+                break
+        else:
+            preempted_since = None
+        if deadline is not None and time.monotonic() > deadline:
+            _err(f"job {job['id']} still {job['state']} after --timeout {timeout:g}s")
+            if cancel_on_timeout:
+                client.job_cancel(job["id"])
+                _err(f"job {job['id']}: cancel requested")
+            return EXIT_TIMEOUT
+        time.sleep(interval)
+        job = client.job(job["id"])
+        now = (job["state"], job.get("queue_position"))
+        if now != seen and not quiet:
+            _err(f"job {job['id']}: {job['state']}" + _queue_text(job))
+        seen = now
+    code = job_exit_code(job)
+    if as_json:
+        print(json.dumps(job))
+    if not quiet:
+        detail = f"exit code {job['exit_code']}" if job.get("exit_code") is not None else job.get("stop_reason") or ""
+        _err(f"job {job['id']} {job['state']}" + (f": {detail}" if detail else "") + f" (cost {job['cost']})")
+    return code
+
+
+def cmd_wait(client: Client, args) -> int:
+    return wait_for_job(client, client.job(args.job), timeout=args.timeout, follow=args.logs, quiet=args.quiet,
+                        cancel_on_timeout=args.cancel_on_timeout, as_json=args.json)
+
+
+def cmd_logs(client: Client, args) -> int:
+    logs = LogFollower(client, args.job, offset=args.offset)
+    interval = _poll_interval()
+    while True:
+        while logs.poll():
+            pass
+        if not args.follow or logs.complete:
+            return 0
+        time.sleep(interval)
+
+
+# --- the rest -------------------------------------------------------------------
+
+
+def _print(data, as_json: bool, lines=None) -> None:
+    if as_json or lines is None:
+        print(json.dumps(data, indent=None if as_json else 2))
+        return
+    for line in lines:
+        print(line)
+
+
+def cmd_status(client: Client, args) -> int:
+    job = client.job(args.job)
+    _print(job, args.json, [
+        f"job {job['id']} {job['name'] or ''}".rstrip(),
+        f"  state      {job['state']}{_queue_text(job)}",
+        f"  kind       {job['kind']} x{job['gpus']} ({job['mode']}, isolation {job['isolation'] or '-'})",
+        f"  gpus       {', '.join(job['gpu_uuids']) or '-'}",
+        f"  submitted  {job['submitted_at']}",
+        f"  started    {job['started_at'] or '-'}   finished {job['finished_at'] or '-'}",
+        f"  exit code  {job['exit_code'] if job['exit_code'] is not None else '-'}",
+        f"  cost       {job['cost']}   gpu-seconds {job['usage']['gpu_seconds']}",
+    ])
+    return 0
+
+
+def cmd_list(client: Client, args) -> int:
+    params = {"state": args.state, "kind": args.kind, "name": args.name, "page_size": args.limit}
+    page = client.get("jobs/", **params)
+    rows = [
+        f"{j['id']:>8}  {j['state']:<10} {j['kind']:<9} {str(j['gpus']):>5}  {j['submitted_at'][:19]}  {j['name']}"
+        for j in page["results"]
+    ]
+    header = f"{'ID':>8}  {'STATE':<10} {'KIND':<9} {'GPUS':>5}  {'SUBMITTED':<19}  NAME"
+    _print(page, args.json, [header, *rows, f"({len(rows)} of {page['count']})"])
+    return 0
+
+
+def cmd_cancel(client: Client, args) -> int:
+    job = client.job_cancel(args.job)
+    note = "" if job["state"] == "cancelled" else " (stopping)"
+    _print(job, args.json, [f"job {job['id']}: {job['state']}{note}"])
+    return 0
+
+
+def cmd_usage(client: Client, args) -> int:
+    _print(client.get("usage/", start=args.start, end=args.end, group_by=args.group_by), args.json)
+    return 0
+
+
+def cmd_quota(client: Client, args) -> int:
+    _print(client.get("quota/"), args.json)
+    return 0
+
+
+def cmd_estimate(client: Client, args) -> int:
+    params = {"kind": args.kind, "gpus": args.gpus, "max_runtime_seconds": args.max_runtime_seconds,
+              "priority": args.priority, "gpu_model": args.gpu_model}
+    _print(client.get("estimate/", **params), args.json)
+    return 0
+
+
+# --- argument parsing -------------------------------------------------------------
+
+
+def parser_build() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpushare", description="Submit and follow GPU jobs on gpushare.",
+        epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", help="platform address (default: $GPUSHARE_URL or the config file)")
+    parser.add_argument("--token", help="API token (default: $GPUSHARE_TOKEN or the config file)")
+    parser.add_argument("--retries", type=int, default=6, help="retries of a transient failure (default 6)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def waiting(p):
+        p.add_argument("--timeout", type=float, help="give up waiting after this many seconds (exit 124)")
+        p.add_argument("--logs", action="store_true", help="stream the job's log to stdout while waiting")
+        p.add_argument("--cancel-on-timeout", action="store_true", help="cancel the job when --timeout passes")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+    p = sub.add_parser("submit", help="submit a job", description="Submit a job: gpushare submit [flags] -- CMD ARGS")
+    p.add_argument("-f", "--file", help="YAML (or JSON) file with the job's fields; '-' reads stdin")
+    p.add_argument("--name")
+    p.add_argument("--kind", choices=["training", "inference"])
+    p.add_argument("--gpus", type=_gpus, help="1-8 whole GPUs, or 0.125/0.25/0.5 of one (inference)")
+    p.add_argument("--image")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--gpu-model")
+    p.add_argument("--gpu-memory-mb", type=int)
+    p.add_argument("--priority")
+    p.add_argument("--max-runtime-seconds", type=int)
+    p.add_argument("--idempotency-key", help="default: $GPUSHARE_IDEMPOTENCY_KEY, else a fresh UUID")
+    p.add_argument("--wait", action="store_true", help="wait for the job and exit with its exit code")
+    p.add_argument("--json", action="store_true", help="print the job as JSON (at the end, with --wait)")
+    waiting(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after '--'")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("wait", help="wait for a job and exit with its exit code")
+    p.add_argument("job", type=int)
+    p.add_argument("--json", action="store_true")
+    waiting(p)
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("logs", help="print a job's log")
+    p.add_argument("job", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--offset", type=int, default=0, help="start at this byte offset")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("status", help="show a job")
+    p.add_argument("job", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("list", help="list jobs, newest first")
+    p.add_argument("--state", choices=["queued", "scheduled", "running", "succeeded", "failed", "cancelled",
+                                       "preempted", "lost"])
+    p.add_argument("--kind", choices=["training", "inference"])
+    p.add_argument("--name", help="jobs whose name contains this")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("usage", help="GPU-seconds and cost over a period")
+    p.add_argument("--start", help="ISO date or date-time")
+    p.add_argument("--end", help="ISO date or date-time")
+    p.add_argument("--group-by", choices=["day", "job", "gpu_model"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_usage)
+
+    p = sub.add_parser("quota", help="limits, current use and headroom, spend against budget")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_quota)
+
+    p = sub.add_parser("estimate", help="what a job would cost")
+    p.add_argument("--kind", choices=["training", "inference"], default="training")
+    p.add_argument("--gpus", type=_gpus, default=1)
+    p.add_argument("--max-runtime-seconds", type=int, default=3600)
+    p.add_argument("--priority")
+    p.add_argument("--gpu-model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_estimate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser_build().parse_args(argv)
+    try:
+        client = Client(config_load(url=args.url, token=args.token), retries=args.retries)
+        return args.func(client, args)
+    except (ConfigError, UsageError) as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    except ApiError as exc:
+        _err(f"{exc.code + ': ' if exc.code else ''}{exc}")
+        return EXIT_API
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

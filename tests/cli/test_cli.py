@@ -1,0 +1,205 @@
+"""The ``gpushare`` CLI, run as a process against a live server (and a real agent where a job must run)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from django_scopes import scopes_disabled
+
+from cli.main import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE, job_exit_code
+from scheduler.models import Job
+from tests.factories import TenantFactory, platform_rules_seed, token_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(url: str, token: str, *args: str, timeout: float = 120, env_extra=None, tmp_path=None):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUSHARE_URL": url,
+        "GPUSHARE_TOKEN": token,
+        "GPUSHARE_POLL_INTERVAL": "0.3",
+        "XDG_CONFIG_HOME": str(tmp_path or ROOT / "var" / "no-config"),
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def jobs_of(tenant) -> list[Job]:
+    with scopes_disabled():
+        return list(Job.objects.filter(tenant=tenant))
+
+
+@pytest.mark.integration
+def test_submit_wait_returns_the_jobs_exit_code_and_streams_its_log(platform, agent_factory):
+    agent_factory("node-1")
+    tenant = TenantFactory(slug="ci")
+    token = token_for(tenant)
+    script = "import sys; print('epoch 1'); print('epoch 2'); sys.exit(7)"
+    done = run_cli(platform.url, token, "submit", "--wait", "--logs", "--name", "ci-step", "--", sys.executable,
+                   "-c", script)
+    assert done.returncode == 7, done.stderr
+    assert "epoch 1\nepoch 2\n" in done.stdout
+    assert "failed" in done.stderr and "exit code 7" in done.stderr
+    assert "queued" in done.stderr  # progress lines while waiting
+
+    ok = run_cli(platform.url, token, "submit", "--wait", "--gpus", "0.25", "--", sys.executable, "-c", "print(1)")
+    assert ok.returncode == 0, ok.stderr
+    job_id = int(ok.stdout.split()[0])
+    with scopes_disabled():
+        job = Job.objects.get(pk=job_id)
+    assert job.kind == "inference" and job.gpu_milli == 250 and job.state == "succeeded"
+
+    status = run_cli(platform.url, token, "status", str(job_id), "--json")
+    assert status.returncode == 0 and f'"id": {job_id}' in status.stdout
+    listed = run_cli(platform.url, token, "list", "--name", "ci-step")
+    assert listed.returncode == 0 and "ci-step" in listed.stdout and "failed" in listed.stdout
+
+
+@pytest.mark.integration
+def test_logs_follow_streams_until_the_job_ends(platform, agent_factory, tmp_path):
+    agent_factory("node-1")
+    tenant = TenantFactory(slug="ci")
+    token = token_for(tenant)
+    script = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)\n"
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"name: follow-me\nkind: training\ngpus: 1\ncommand: [{sys.executable!r}, -c, {script!r}]\n")
+    submitted = run_cli(platform.url, token, "submit", "-f", str(job_file))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    follow = run_cli(platform.url, token, "logs", "--follow", job_id, timeout=120)
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout == "".join(f"line {i}\n" for i in range(6))
+    with scopes_disabled():
+        assert Job.objects.get(pk=int(job_id)).state == "succeeded"
+
+
+class DropFirstResponseProxy:
+    """A TCP proxy that forwards the first request, lets the server answer, then drops the answer.
+
+    What a CI runner sees when its network flaps after the platform has
+    already created the job. Later connections are proxied faithfully.
+    """
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(client, self.connections == 1), daemon=True).start()
+
+    def _serve(self, client: socket.socket, drop: bool):
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                break
+            if drop:  # the server has processed the request: lose its answer
+                self.dropped.set()
+                break
+            client.sendall(data)
+        for s in (client, upstream):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_lost_response_during_submit_does_not_create_a_second_job(live_server, transactional_db):
+    platform_rules_seed()
+    tenant = TenantFactory(slug="flaky")
+    token = token_for(tenant)
+    proxy = DropFirstResponseProxy(int(live_server.url.rsplit(":", 1)[1]))
+    try:
+        done = run_cli(f"http://127.0.0.1:{proxy.port}", token, "submit", "--", "python", "train.py")
+    finally:
+        proxy.close()
+    assert proxy.dropped.is_set(), "the proxy dropped the first answer"
+    assert proxy.connections >= 2, "the CLI retried"
+    assert done.returncode == 0, done.stderr
+    assert "already submitted" in done.stderr  # the retry got the first attempt's job back
+    jobs = jobs_of(tenant)
+    assert len(jobs) == 1
+    assert int(done.stdout.strip()) == jobs[0].pk
+
+
+def test_wait_timeout_and_cancel(live_server, transactional_db):
+    platform_rules_seed()
+    tenant = TenantFactory(slug="patient")
+    token = token_for(tenant)
+    # No agent: the job stays queued.
+    done = run_cli(live_server.url, token, "submit", "--wait", "--timeout", "1.5", "--", "python", "x.py")
+    assert done.returncode == EXIT_TIMEOUT, done.stderr
+    assert "position 1 in the queue" in done.stderr
+    job_id = jobs_of(tenant)[0].pk
+    cancelled = run_cli(live_server.url, token, "cancel", str(job_id))
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    waited = run_cli(live_server.url, token, "wait", str(job_id))
+    assert waited.returncode == EXIT_CANCELLED
+
+
+def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
+    platform_rules_seed()
+    tenant = TenantFactory(slug="conf")
+    token = token_for(tenant)
+    bad = run_cli(live_server.url, token, "submit", "--gpus", "0.3", "--", "x")
+    assert bad.returncode == EXIT_API and "gpus" in bad.stderr
+    assert run_cli(live_server.url, "gps_wrong", "list").returncode == EXIT_API
+    other = TenantFactory(slug="other")
+    assert run_cli(live_server.url, token_for(other), "status", "999999").returncode == EXIT_API
+    assert run_cli(live_server.url, token, "submit").returncode == EXIT_USAGE  # no command
+
+    # The config file, when the environment says nothing.
+    (tmp_path / "gpushare").mkdir()
+    (tmp_path / "gpushare" / "config.toml").write_text(f'url = "{live_server.url}"\ntoken = "{token}"\n')
+    from_file = run_cli("", "", "list", "--json", tmp_path=tmp_path)
+    assert from_file.returncode == 0, from_file.stderr
+    assert '"count": 0' in from_file.stdout
+    assert run_cli("", "", "list", tmp_path=tmp_path / "nowhere").returncode == EXIT_USAGE
+
+
+@pytest.mark.parametrize(
+    ("job", "code"),
+    [
+        ({"state": "succeeded", "exit_code": 0}, 0),
+        ({"state": "failed", "exit_code": 3}, 3),
+        ({"state": "failed", "exit_code": None}, 1),
+        ({"state": "failed", "exit_code": -9}, 137),
+        ({"state": "failed", "exit_code": 300}, 1),
+        ({"state": "cancelled", "exit_code": None}, EXIT_CANCELLED),
+        ({"state": "lost", "exit_code": None}, EXIT_GAVE_UP),
+        ({"state": "preempted", "exit_code": None}, EXIT_GAVE_UP),
+    ],
+)
+def test_exit_codes(job, code):
+    assert job_exit_code(job) == code
