@@ -64,6 +64,8 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
         "STRIPE_WEBHOOK_SECRET": "whsec_bench",
         "STRIPE_API_BASE": "http://127.0.0.1:9",
         "GPUSHARE_VAR_DIR": str(var_dir),
+        # The benchmark measures the machinery, not the per-token rate limit.
+        "GPUSHARE_API_RATE": "100000000/min",
         "CELERY_WORKER_PREFETCH_MULTIPLIER": str(config.worker_prefetch),
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
