@@ -6,6 +6,8 @@ services (which write the audit row in the same transaction).
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import admin, messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404
@@ -16,7 +18,6 @@ from django.views.decorators.http import require_POST
 from django_scopes import scopes_disabled
 
 from agents.models import Node
-from billing.selectors import month_parse
 from scheduler.models import PriorityClass
 
 from . import forms, replay, selectors, services
@@ -169,9 +170,9 @@ def reports(request):
     now = timezone.now()
     month_text = request.GET.get("month") or f"{now:%Y-%m}"
     try:
-        month = month_parse(month_text)
-    except ValueError as exc:
-        messages.error(request, str(exc))
+        month = datetime.strptime(month_text, "%Y-%m").date()
+    except ValueError:
+        messages.error(request, f"month must look like YYYY-MM (e.g. 2026-03), got {month_text!r}")
         return redirect("console:reports")
     report = selectors.usage_report(month=month, now=now)
     return _page(request, "console/reports.html", f"Reports for {month:%Y-%m}", report=report, month_text=month_text)
