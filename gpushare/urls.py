@@ -11,7 +11,7 @@ handler500 = "gpushare.api.server_error"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("accounts.urls")),
     path("api/v1/", include("scheduler.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("billing/", include("billing.urls")),
