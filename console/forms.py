@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django import forms
 from django.forms import modelformset_factory
 
@@ -61,11 +63,12 @@ class FairShareForm(forms.Form):
         self.tenants = tenants
         for slug in tenants:
             self.fields[f"weight__{slug}"] = forms.DecimalField(
-                min_value=0.001, max_digits=8, decimal_places=3, label=slug, initial=1
+                min_value=0.001, max_digits=8, decimal_places=3, label=slug, initial=1, required=False,
+                help_text="empty: 1",
             )
 
     def weights(self) -> dict:
-        return {slug: self.cleaned_data[f"weight__{slug}"] for slug in self.tenants}
+        return {slug: self.cleaned_data[f"weight__{slug}"] or Decimal(1) for slug in self.tenants}
 
     def half_life_s(self) -> int:
         return int(self.cleaned_data["half_life_hours"] * 3600)

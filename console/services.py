@@ -35,6 +35,7 @@ _NODE_FROM = {
 }
 
 
+@scopes_disabled()
 @transaction.atomic
 def _node_set(*, node: Node, actor, action: str, reason: str) -> Node:
     node = Node.objects.select_for_update().get(pk=node.pk)
