@@ -15,7 +15,9 @@ from tests.console.test_queue import queued_job
 def test_grid_shows_each_gpu_its_holder_and_metrics(staff_client, fleet, tenant, rules):
     job = queued_job(tenant)
     schedule_pass()
-    Gpu.objects.filter(uuid="GPU-node-b-1").update(health=Gpu.Health.OUT_OF_SERVICE, health_reason="XID 79: fell off the bus")
+    Gpu.objects.filter(uuid="GPU-node-b-1").update(
+        health=Gpu.Health.OUT_OF_SERVICE, health_reason="XID 79: fell off the bus"
+    )
     response = staff_client.get(reverse("console:fleet"))
     html = response.content.decode()
     with scopes_disabled():
