@@ -11,6 +11,7 @@ Amounts cross this boundary as integer cents.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import stripe
@@ -74,13 +75,15 @@ def _key(*parts) -> str:
 
 
 class StripeGateway:
-    def __init__(self, *, api_key: str, api_base: str, finalize: bool = True):
+    def __init__(self, *, api_key: str, api_base: str, localstripe: bool = False):
         self.client = stripe.StripeClient(
             api_key, base_addresses={"api": api_base}, max_network_retries=MAX_NETWORK_RETRIES
         )
-        # Real Stripe needs an invoice finalized before it is paid; localstripe
-        # has no finalize endpoint and pays drafts directly.
-        self.finalize = finalize
+        # localstripe (tests, the offline demo) differs from Stripe in two ways
+        # we must bend to: it has no finalize endpoint (it pays drafts), and it
+        # makes no invoice for a customer without a subscription (so each
+        # customer gets a $0 monthly one there).
+        self.localstripe = localstripe
 
     def _call(self, fn, params: dict, *, key: str | None = None, **path):
         options = {"idempotency_key": key} if key else {}
@@ -100,6 +103,18 @@ class StripeGateway:
             {"email": email, "name": name, "metadata": {"gpushare_tenant_id": str(tenant_id)}},
             key=_key("customer", tenant_id),
         )
+        if self.localstripe:
+            plan = self._call(
+                self.client.v1.plans.create,
+                {
+                    "id": f"gpushare-zero-{tenant_id}",
+                    "amount": 0,
+                    "currency": "usd",
+                    "interval": "month",
+                    "product": {"name": "gpushare metered usage"},
+                },
+            )
+            self._call(self.client.v1.subscriptions.create, {"customer": created.id, "items": [{"plan": plan.id}]})
         return StripeCustomer(id=created.id, email=created.email or "")
 
     def payment_method_attach(self, *, customer_id: str, payment_method_id: str) -> StripePaymentMethod:
@@ -119,7 +134,7 @@ class StripeGateway:
             key=_key("pm-default", customer_id, pm.id),
             id=customer_id,
         )
-        card = pm.get("card") or {}
+        card = pm.to_dict().get("card") or {}
         return StripePaymentMethod(id=pm.id, brand=card.get("brand", ""), last4=card.get("last4", ""))
 
     def invoice_item_create(
@@ -153,7 +168,7 @@ class StripeGateway:
         return self._invoice(invoice)
 
     def invoice_finalize(self, *, stripe_invoice_id: str, invoice_id: int) -> StripeInvoice:
-        if not self.finalize:
+        if self.localstripe:
             return self._invoice(self._call(self.client.v1.invoices.retrieve, {}, id=stripe_invoice_id))
         invoice = self._call(
             self.client.v1.invoices.finalize_invoice,
@@ -193,21 +208,24 @@ def gateway() -> StripeGateway:
     return StripeGateway(
         api_key=settings.STRIPE_API_KEY,
         api_base=settings.STRIPE_API_BASE,
-        finalize=getattr(settings, "STRIPE_FINALIZE", True),
+        localstripe=settings.STRIPE_LOCALSTRIPE,
     )
 
 
 def event_verify(*, payload: bytes, signature: str, secret: str) -> StripeEventData:
     """Check ``Stripe-Signature`` and return the event; raise SignatureError if it does not verify."""
     try:
-        event = stripe.Webhook.construct_event(payload, signature, secret)
-    except (stripe.SignatureVerificationError, ValueError) as exc:
+        stripe.WebhookSignature.verify_header(payload.decode("utf-8"), signature, secret, tolerance=300)
+        event = json.loads(payload)
+    except (stripe.SignatureVerificationError, ValueError, UnicodeDecodeError) as exc:
         raise SignatureError(str(exc)) from exc
-    data = event.get("data", {}).get("object", {}) or {}
+    if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
+        raise SignatureError("not a Stripe event")
+    data = (event.get("data") or {}).get("object") or {}
     return StripeEventData(
         id=event["id"],
         type=event["type"],
-        object_id=data.get("id", "") or "",
+        object_id=str(data.get("id") or ""),
         metadata=dict(data.get("metadata") or {}),
-        payload=event.to_dict() if hasattr(event, "to_dict") else dict(event),
+        payload=event,
     )

@@ -239,31 +239,9 @@ class BillingPolicy(models.Model):
     suspend_after_failures = models.PositiveIntegerField(
         default=2, help_text="Failed payments on one invoice (within or after the grace) that allow suspension."
     )
-    default_alert_percent = models.PositiveIntegerField(
-        default=80, help_text="Spend alert at this percent of the tenant's budget when it sets none."
-    )
 
     class Meta:
         verbose_name_plural = "billing policy"
 
     def __str__(self) -> str:
         return f"grace {self.payment_grace_days} d, suspend after {self.suspend_after_failures} failures"
-
-
-class SpendAlert(models.Model):
-    """A spend threshold crossed in a month: emailed once, shown by the portal."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    month = models.DateField()
-    threshold = models.DecimalField(max_digits=14, decimal_places=2)
-    spend = models.DecimalField(max_digits=14, decimal_places=2)
-    created_at = models.DateTimeField(auto_now_add=True)
-    acknowledged_at = models.DateTimeField(null=True, blank=True)
-
-    objects = ScopedManager(tenant="tenant")
-
-    class Meta:
-        ordering = ["-created_at"]
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "month", "threshold"], name="spend_alert_unique_threshold")
-        ]

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db.models import Count, DateTimeField, F, Func, Max, Min, Q, Sum, Value
+from django.db.models import Count, DateTimeField, F, Func, Max, Min, Sum, Value
 from django.db.models.functions import TruncDay
 
+from accounts import quotas
 from accounts.models import Tenant
 from scheduler.models import MILLI_PER_GPU, PriorityClass
 
 from . import rating
-from .models import Charge, Invoice, InvoiceLine, Price, SpendAlert
+from .models import Charge, Invoice, InvoiceLine, Price
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
@@ -61,47 +62,32 @@ class SpendSummary:
     projected: Decimal  # linear projection to month end
     limit: Decimal | None
     alert_percent: int | None
+    alert: bool  # spend reached the alert threshold of the limit
 
 
 def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
-    """Spend so far this month and a projection: spend ÷ elapsed × month length."""
+    """Spend so far this month, a projection (spend ÷ elapsed × month length) and the budget alert flag.
+
+    The limit and alert percent are the accounts quota's (``accounts.quotas.limits_for``),
+    which also sends the alert email and enforces the limit.
+    """
     at_ms = _ms(at)
     month = rating.month_of(at_ms)
     start, end = rating.month_bounds_ms(month)
     spent = tenant_month_spend(tenant=tenant, at=at)
     elapsed = max(at_ms - start, 60_000)
     projected = spent * (end - start) / elapsed
-    limit, percent = tenant_budget(tenant=tenant)
+    limits = quotas.limits_for(tenant)
+    limit, percent = limits.monthly_spend_limit, limits.budget_alert_percent
+    alert = limit is not None and percent is not None and spent >= limit * Decimal(percent) / 100
     return SpendSummary(
         month=month,
         spent=rating.line_round(spent),
         projected=rating.line_round(projected),
         limit=limit,
         alert_percent=percent,
+        alert=alert,
     )
-
-
-def tenant_budget(*, tenant: Tenant) -> tuple[Decimal | None, int | None]:
-    """(monthly spend limit, alert percent) from the accounts quota (tenant override, then plan), if any."""
-    try:
-        from accounts.models import TenantQuota
-    except ImportError:  # the accounts quota model is not there
-        return None, None
-    quota = TenantQuota.objects.filter(tenant=tenant).select_related("plan").first()
-    if quota is None:
-        return None, None
-    plan = quota.plan
-    limit = (
-        quota.monthly_spend_limit
-        if quota.monthly_spend_limit is not None
-        else getattr(plan, "monthly_spend_limit", None)
-    )
-    percent = (
-        quota.budget_alert_percent
-        if quota.budget_alert_percent is not None
-        else getattr(plan, "budget_alert_percent", None)
-    )
-    return limit, percent
 
 
 # --- estimates --------------------------------------------------------------
@@ -290,7 +276,3 @@ def invoice_job_rows(*, invoice: Invoice):
             (Decimal(r["energy"]) / Decimal(3_600_000_000)).quantize(Decimal("0.000001")),
             r["amount"],
         )
-
-
-def spend_alerts_unacknowledged(*, tenant: Tenant):
-    return SpendAlert.objects.filter(tenant=tenant, acknowledged_at__isnull=True).filter(~Q(threshold=0))

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from . import gateway, rating
 from .selectors import month_parse
-from .services import invoices, payments, spend
+from .services import invoices, payments
 
 # Close a month this long after it ends: agents report windows within a minute
 # or two (and retry from their spool), so the month's last windows are in.
@@ -50,8 +50,3 @@ def invoice_send_task(*, invoice_id: int) -> None:
 @shared_task(name="billing.dunning_check", ignore_result=True)
 def dunning_check_task() -> int:
     return len(payments.dunning_check())
-
-
-@shared_task(name="billing.spend_check", ignore_result=True)
-def spend_check_task() -> int:
-    return len(spend.spend_alerts_check())

@@ -62,7 +62,7 @@ class SpendSerializer(serializers.Serializer):
     projected = serializers.DecimalField(max_digits=14, decimal_places=2)
     limit = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
     alert_percent = serializers.IntegerField(allow_null=True)
-    alerts = serializers.ListField(child=serializers.DictField())
+    alert = serializers.BooleanField()
 
 
 class InvoiceLineSerializer(serializers.ModelSerializer):

@@ -43,12 +43,7 @@ class SpendView(TenantScopedMixin, APIView):
     @extend_schema(responses=SpendSerializer)
     def get(self, request):
         summary = selectors.spend_summary(tenant=self.tenant, at=timezone.now())
-        alerts = [
-            {"threshold": str(a.threshold), "spend": str(a.spend), "at": a.created_at.isoformat()}
-            for a in selectors.spend_alerts_unacknowledged(tenant=self.tenant).filter(month=summary.month)
-        ]
-        data = {**summary.__dict__, "alerts": alerts}
-        return Response(SpendSerializer(data).data)
+        return Response(SpendSerializer(summary).data)
 
 
 class EstimateView(TenantScopedMixin, APIView):

@@ -150,15 +150,7 @@ def _suspend_if_due(invoice: Invoice, *, at: datetime, policy: BillingPolicy) ->
     if tenant.state == Tenant.State.SUSPENDED:
         return False
     reason = SUSPEND_REASON.format(invoice=invoice.pk, failures=invoice.failure_count)
-    suspend = getattr(accounts_services, "tenant_suspend", None)
-    if suspend is not None:
-        suspend(tenant=tenant, actor=None, reason=reason)
-    else:  # until accounts provides tenant_suspend
-        tenant.state = Tenant.State.SUSPENDED
-        tenant.save(update_fields=["state"])
-        accounts_services.audit_record(
-            actor=None, tenant=tenant, action="tenant.suspend", target=tenant.slug, after={"reason": reason}
-        )
+    accounts_services.tenant_suspend(tenant=tenant, actor=None, reason=reason)
     log.warning("tenant %s suspended: %s", tenant.slug, reason)
     return True
 

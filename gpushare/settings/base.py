@@ -194,7 +194,6 @@ CELERY_BEAT_SCHEDULE = {
     "agents-check-nodes": {"task": "agents.check_nodes", "schedule": 5.0},
     "accounts-budgets-enforce": {"task": "accounts.budgets_enforce", "schedule": 60.0},
     "billing-close-month": {"task": "billing.close_month", "schedule": 3600.0},
-    "billing-spend-check": {"task": "billing.spend_check", "schedule": 60.0},
     "billing-dunning-check": {"task": "billing.dunning_check", "schedule": 3600.0},
 }
 
@@ -212,8 +211,8 @@ GPUSHARE = {
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")
 STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "https://api.stripe.com")
 STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "whsec_local")
-# localstripe has no finalize endpoint: set STRIPE_FINALIZE=0 when STRIPE_API_BASE points at it.
-STRIPE_FINALIZE = env_bool("STRIPE_FINALIZE", True)
+# Set STRIPE_LOCALSTRIPE=1 when STRIPE_API_BASE points at localstripe (billing/gateway.py says why).
+STRIPE_LOCALSTRIPE = env_bool("STRIPE_LOCALSTRIPE", False)
 
 LOGGING = {
     "version": 1,
