@@ -209,6 +209,8 @@ class _Planner:
         limits = self.policy.limits.get(request.tenant)
         if limits is None:
             return ""
+        if limits.blocked_reason:
+            return f"tenant limit: {limits.blocked_reason}"
         if request.shared and limits.shared_milli is not None:
             held = self.held_shared.get(request.tenant, 0)
             if held + request.share_milli > limits.shared_milli:

@@ -126,6 +126,7 @@ class Limits:
 
     dedicated_gpus: int | None = None
     shared_milli: int | None = None
+    blocked_reason: str = ""  # e.g. "the monthly budget is spent": holds every job of the tenant
 
 
 @dataclass
