@@ -6,11 +6,16 @@ is written in that same transaction, with who, what, before and after.
 
 from __future__ import annotations
 
+from datetime import datetime
+from decimal import Decimal
+
 from django.db import transaction
 from django_scopes import scopes_disabled
 
+from accounts.models import Plan, Tenant
 from accounts.services import audit_record
 from agents.models import Node
+from billing.models import Price
 from scheduler import services as scheduler_services
 from scheduler.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobEvent, JobState, PriorityClass
 
@@ -145,12 +150,12 @@ def rules_apply(*, current: RuleSet, proposed: RuleSet, actor) -> int:
         priority_class = by_name.get(draft.name)
         if priority_class is None:
             raise ConsoleError(f"class {draft.name} no longer exists: reload the page")
-        priority_class_update(priority_class=priority_class, draft=draft, actor=actor)
+        priority_class_save(priority_class=priority_class, draft=draft, actor=actor)
     return len(changes)
 
 
-def priority_class_update(*, priority_class: PriorityClass, draft: ClassDraft, actor) -> PriorityClass:
-    before_snapshot = {
+def _class_snapshot(priority_class: PriorityClass) -> dict:
+    return {
         "rank": priority_class.rank,
         "preemptible": priority_class.preemptible,
         "may_preempt": sorted(p.name for p in priority_class.may_preempt.all()),
@@ -159,13 +164,88 @@ def priority_class_update(*, priority_class: PriorityClass, draft: ClassDraft, a
         "price_multiplier": str(priority_class.price_multiplier),
         "default_for_kind": priority_class.default_for_kind,
     }
+
+
+@transaction.atomic
+def priority_class_save(*, priority_class: PriorityClass | None, draft: ClassDraft, actor) -> PriorityClass:
+    """Create (``priority_class=None``) or update a class from a draft already checked by rules_problems."""
+    if priority_class is not None:  # the caller's instance may already carry the form's values: read the row
+        priority_class = PriorityClass.objects.select_for_update().get(pk=priority_class.pk)
+    before = _class_snapshot(priority_class) if priority_class else None
+    priority_class = priority_class or PriorityClass(name=draft.name)
+    priority_class.name = draft.name
     for name in ("rank", "preemptible", "min_runtime_s", "grace_period_s", "price_multiplier", "default_for_kind"):
         setattr(priority_class, name, getattr(draft, name))
     priority_class.save()
     priority_class.may_preempt.set(PriorityClass.objects.filter(name__in=draft.may_preempt))
     audit_record(
-        actor=actor, tenant=None, action="priority_class.update", target=priority_class.name,
-        before=before_snapshot, after=draft.snapshot(),
+        actor=actor, tenant=None, action="priority_class.create" if before is None else "priority_class.update",
+        target=priority_class.name, before=before, after=_class_snapshot(priority_class),
     )
     scheduler_services.schedule_soon()
     return priority_class
+
+
+# --- tenants, plans, prices --------------------------------------------------------
+
+
+def _plain(value):
+    return value if value is None or isinstance(value, bool | int | str) else str(value)
+
+
+@scopes_disabled()
+@transaction.atomic
+def tenant_profile_update(*, tenant: Tenant, actor, changes: dict) -> Tenant:
+    """The operator edits a tenant's name or billing email (state changes go through suspend/reinstate)."""
+    allowed = {"name", "billing_email"}
+    if set(changes) - allowed:
+        raise ConsoleError(f"only {', '.join(sorted(allowed))} can be edited here")
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    before = {name: getattr(locked, name) for name in changes}
+    for name, value in changes.items():
+        setattr(locked, name, value)
+    locked.save(update_fields=list(changes))
+    audit_record(actor=actor, tenant=locked, action="tenant.update", target=locked.slug, before=before,
+                 after=dict(changes))
+    return locked
+
+
+@transaction.atomic
+def plan_save(*, plan: Plan, actor, changed: list[str], created: bool) -> Plan:
+    """Save a plan's limits (the tenants on it follow them at their next admission check)."""
+    before = None
+    if not created:
+        old = Plan.objects.select_for_update().get(pk=plan.pk)
+        before = {name: _plain(getattr(old, name)) for name in changed}
+    plan.full_clean()
+    plan.save()
+    audit_record(
+        actor=actor, tenant=None, action="plan.create" if created else "plan.update", target=plan.name,
+        before=before, after={name: _plain(getattr(plan, name)) for name in (changed or ["name"])},
+    )
+    return plan
+
+
+@transaction.atomic
+def price_add(
+    *, gpu_model: str, mode: str, per_gpu_hour: Decimal, currency: str, effective_from: datetime, actor
+) -> Price:
+    """A new price from a date on. Past prices are never rewritten; usage is rated by the price in force then."""
+    if per_gpu_hour < 0:
+        raise ConsoleError("a price per GPU-hour is 0 or more")
+    previous = (
+        Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from__lte=effective_from)
+        .order_by("-effective_from").first()
+    )
+    if Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from=effective_from).exists():
+        raise ConsoleError(f"{gpu_model} {mode} already has a price from {effective_from:%Y-%m-%d %H:%M}")
+    price = Price.objects.create(
+        gpu_model=gpu_model, mode=mode, per_gpu_hour=per_gpu_hour, currency=currency, effective_from=effective_from
+    )
+    audit_record(
+        actor=actor, tenant=None, action="price.add", target=f"{gpu_model} {mode}",
+        before={"per_gpu_hour": str(previous.per_gpu_hour), "effective_from": previous.effective_from.isoformat()}
+        if previous else None,
+        after={"per_gpu_hour": str(per_gpu_hour), "currency": currency, "effective_from": effective_from.isoformat()},
+    )
+    return price
