@@ -52,13 +52,26 @@ def redis_ok() -> str | None:
     return None if reply.startswith(b"+PONG") else f"unexpected reply {reply!r}"
 
 
+def compose_command() -> list[str] | None:
+    """`docker compose` (v2) or `docker-compose` (v1), when one is installed and an engine answers."""
+    candidates = [["docker", "compose"]] if shutil.which("docker") else []
+    if shutil.which("docker-compose"):
+        candidates.append(["docker-compose"])
+    for command in candidates:
+        if subprocess.run([*command, "version"], capture_output=True).returncode != 0:
+            continue
+        if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+            return None  # a client without an engine cannot start anything
+        return command
+    return None
+
+
 def compose_up() -> bool:
-    if not shutil.which("docker"):
+    command = compose_command()
+    if command is None:
         return False
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
-        return False
-    print("starting postgres and redis with docker compose ...")
-    return subprocess.run(["docker", "compose", "up", "-d", "postgres", "redis"]).returncode == 0
+    print(f"starting postgres and redis with {' '.join(command)} ...")
+    return subprocess.run([*command, "up", "-d", "postgres", "redis"]).returncode == 0
 
 
 def main() -> int:
