@@ -12,7 +12,7 @@ import queue as stdqueue
 from dataclasses import dataclass
 
 from celery import Celery
-from kombu import Connection
+from kombu import Connection, pools
 
 from .brokerconf import PLATFORM_QUEUE, node_queue
 
@@ -64,10 +64,12 @@ class BrokerLink:
             except Exception as exc:  # noqa: BLE001 - closing a dead connection may fail any way
                 log.debug("closing the broker connection: %s", exc)
         self._conn = self._queue = None
-        try:
-            self.app.pool.force_close_all()
-        except Exception as exc:  # noqa: BLE001
-            log.debug("closing the producer pool: %s", exc)
+        # Drop the producer pool too: a closed pool refuses every later send
+        # ("Acquire on closed pool"), so the next send gets a fresh one.
+        # (the same reset Celery does after a fork).
+        pools.reset()
+        self.app._pool = None
+        self.app.amqp._producer_pool = None
 
     def receive(self, timeout: float) -> Command | None:
         """The next command, or None after ``timeout`` seconds."""

@@ -64,7 +64,7 @@ def nvml_agent(agent_factory, fake_nvml_dir, fake_nvml, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_nvml_dir))
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(fake_nvml.path))
 
-    def make(node: str = "gpu-node", *, extra=()):
+    def make(node: str = "ga-gpu-node", *, extra=()):
         return agent_factory(node, gpus="nvml", extra=list(extra))
 
     return make

@@ -17,7 +17,7 @@ PRINT_AND_HOLD = "import os, time; print('visible=' + os.environ['CUDA_VISIBLE_D
 
 
 def test_two_dedicated_jobs_never_see_the_same_gpu(platform, agent_factory):
-    agent = agent_factory("node-1", gpus="sim:2xH100-80GB")
+    agent = agent_factory("ga-node-1", gpus="sim:2xH100-80GB")
     session = platform.session_for(TenantFactory(slug="acme"))
     ids = []
     for _ in range(2):
@@ -34,7 +34,7 @@ def test_two_dedicated_jobs_never_see_the_same_gpu(platform, agent_factory):
 
 
 def test_a_no_gpu_launch_sees_an_empty_device_list_not_all(agent_factory):
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     launch_direct(agent, 7001, env_dump_command(), gpu_uuids=[])
     env = parse_env_dump(wait_output(agent, 7001, "ENV="))
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # present and empty: hides every GPU (unset would show all)
@@ -43,10 +43,10 @@ def test_a_no_gpu_launch_sees_an_empty_device_list_not_all(agent_factory):
 
 
 def test_a_pinned_launch_sets_both_device_variables(agent_factory):
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     from agents.models import Gpu
 
-    uuids = list(Gpu.objects.filter(node__name="node-1").order_by("index").values_list("uuid", flat=True)[:2])
+    uuids = list(Gpu.objects.filter(node__name="ga-node-1").order_by("index").values_list("uuid", flat=True)[:2])
     launch_direct(agent, 7002, env_dump_command(), gpu_uuids=uuids, share_milli=1000)
     env = parse_env_dump(wait_output(agent, 7002, "ENV="))
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
@@ -60,10 +60,10 @@ def test_the_agents_own_environment_never_reaches_the_job(agent_factory, monkeyp
     monkeypatch.setenv("PGPASSWORD", "pg-secret-value")
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/agent-only/lib")
     monkeypatch.setenv("LANG", "C.UTF-8")
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     from agents.models import Gpu
 
-    uuid = Gpu.objects.filter(node__name="node-1").order_by("index").values_list("uuid", flat=True).first()
+    uuid = Gpu.objects.filter(node__name="ga-node-1").order_by("index").values_list("uuid", flat=True).first()
     launch_direct(
         agent,
         7003,
@@ -96,10 +96,10 @@ def test_the_agents_own_environment_never_reaches_the_job(agent_factory, monkeyp
 
 
 def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_factory):
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     launch_direct(agent, 7004, ["python", "-V"], gpu_uuids=[], image="python:3.12-slim")
     wait_for(
         lambda: "no docker engine answers on this node" in agent.log(),
         timeout=60, what="the agent to refuse the image job",
     )
-    assert not (agent.var_dir / "agent" / "node-1" / "jobs" / "7004-1").exists()
+    assert not (agent.var_dir / "agent" / "ga-node-1" / "jobs" / "7004-1").exists()

@@ -53,7 +53,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_factory):
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     grace = 4
     launch_direct(agent, 8001, [sys.executable, "-c", STUBBORN_TREE], grace_s=grace)
     output = wait_for(
@@ -80,7 +80,7 @@ def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_facto
 
 
 def test_max_runtime_stops_the_job(agent_factory):
-    agent = agent_factory("node-1")
+    agent = agent_factory("ga-node-1")
     launch_direct(agent, 8002, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
                   max_runtime_s=2, grace_s=1)
     wait_output(agent, 8002, "up")
@@ -91,7 +91,7 @@ def test_max_runtime_stops_the_job(agent_factory):
 
 
 def test_a_flooding_job_is_capped_and_the_log_says_so(agent_factory):
-    agent = agent_factory("node-1", extra=["--log-cap-mb", "1"])
+    agent = agent_factory("ga-node-1", extra=["--log-cap-mb", "1"])
     flood = "import sys\nfor _ in range(6 * 1024): sys.stdout.write('x' * 1023 + '\\n')\nprint('done', flush=True)"
     launch_direct(agent, 8003, [sys.executable, "-c", flood])
     wait_for(lambda: "job 8003 attempt 1 ended" in agent.log(), timeout=60, what="the flood to end")

@@ -1,0 +1,89 @@
+"""Broker outages and agent crashes.
+
+The outage cuts a TCP proxy between the agent and Redis (the shared Redis
+server keeps running for everyone else): the job keeps running, its windows go
+to the agent's SQLite outbox and, once the link is back, arrive exactly once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from urllib.parse import urlparse
+
+import pytest
+from django.conf import settings
+from django_scopes import scopes_disabled
+
+from billing.models import UsageWindow
+from scheduler.models import Job, JobState
+from tests.agents.proxy import CuttableProxy
+from tests.factories import TenantFactory, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def redis_proxy():
+    target = urlparse(settings.REDIS_URL)
+    proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379).start()
+    yield proxy
+    proxy.cut()
+
+
+def _redis_db() -> int:
+    return int(urlparse(settings.REDIS_URL).path.strip("/") or 0)
+
+
+def _outbox(agent) -> int:
+    db = sqlite3.connect(agent.var_dir / "agent" / agent.node / "state.sqlite3")
+    try:
+        return db.execute("SELECT COUNT(*) FROM outbox WHERE task = 'agents.usage'").fetchone()[0]
+    finally:
+        db.close()
+
+
+def _submit(platform, session, seconds: float) -> int:
+    body = {"kind": "training", "gpus": 1, "command": [sys.executable, "-c", f"import time; time.sleep({seconds})"]}
+    response = session.post(f"{platform.url}/api/v1/jobs/", json=body, timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def _windows(job_id: int) -> list[UsageWindow]:
+    with scopes_disabled():
+        return list(UsageWindow.objects.filter(job_id=job_id).order_by("attempt", "seq"))
+
+
+def _job(job_id: int) -> Job:
+    with scopes_disabled():
+        return Job.objects.get(pk=job_id)
+
+
+def test_windows_spool_during_an_outage_and_arrive_exactly_once(platform, agent_factory, redis_proxy):
+    agent = agent_factory("ga-node-1", extra=["--broker", redis_proxy.url(_redis_db())])
+    session = platform.session_for(TenantFactory(slug="acme"))
+    job_id = _submit(platform, session, 14)
+    wait_for(lambda: len(_windows(job_id)) >= 2, timeout=45, what="the first windows")
+
+    redis_proxy.cut()
+    wait_for(lambda: _outbox(agent) >= 3, timeout=30, what="windows to pile up in the outbox")
+    stored_during = len(_windows(job_id))
+    assert _job(job_id).state == JobState.RUNNING
+    assert "spooling locally" in agent.log() or "could not deliver" in agent.log()
+
+    redis_proxy.restore()
+    job = wait_for(
+        lambda: (j := _job(job_id)).state in (JobState.SUCCEEDED, JobState.FAILED) and j,
+        timeout=60, what="the job to end after the outage",
+    )
+    assert job.state == JobState.SUCCEEDED
+    wait_for(lambda: _outbox(agent) == 0, timeout=30, what="the outbox to drain")
+    windows = _windows(job_id)
+    assert len(windows) > stored_during
+    assert [w.seq for w in windows] == list(range(len(windows)))  # none lost, none twice
+    assert all(a.end_ms == b.start_ms for a, b in zip(windows, windows[1:], strict=False))
+    held_ms = sum(w.end_ms - w.start_ms for w in windows)
+    assert held_ms == round((job.finished_at - job.started_at).total_seconds() * 1000)
+    assert held_ms >= 14_000
+    assert job.gpu_ms == held_ms
