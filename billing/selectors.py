@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db.models import Count, DateTimeField, F, Func, Max, Min, Sum, Value
+from django.db.models import Count, DateTimeField, F, Func, Max, Min, Q, Sum, Value
 from django.db.models.functions import TruncDay
 
 from accounts import quotas
 from accounts.models import Tenant
-from scheduler.models import MILLI_PER_GPU, PriorityClass
+from agents.models import Gpu, GpuOutage
+from scheduler.models import MILLI_PER_GPU, Allocation, PriorityClass
 
-from . import rating
+from . import ledger, rating
 from .models import Charge, Invoice, InvoiceLine, Price
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
@@ -276,3 +277,113 @@ def invoice_job_rows(*, invoice: Invoice):
             (Decimal(r["energy"]) / Decimal(3_600_000_000)).quantize(Decimal("0.000001")),
             r["amount"],
         )
+
+
+# --- the ledger ---------------------------------------------------------------
+
+
+@dataclass
+class LedgerReport:
+    month: date
+    start_ms: int
+    end_ms: int
+    gpus: list[ledger.GpuLedger]
+    problems: list[str]
+
+    @property
+    def by_model(self) -> list[ledger.LedgerTotals]:
+        return ledger.totals_by(self.gpus, lambda g: g.model)
+
+    @property
+    def by_node(self) -> list[ledger.LedgerTotals]:
+        return ledger.totals_by(self.gpus, lambda g: g.node)
+
+    @property
+    def total(self) -> ledger.LedgerTotals:
+        return ledger.totals_by(self.gpus, lambda g: "all")[0] if self.gpus else None
+
+
+def _dt_ms(value: datetime | None) -> int | None:
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+def ledger_month(*, month: date, until: datetime | None = None) -> LedgerReport:
+    """Every GPU-second of ``month`` (up to ``until`` if earlier): held, idle, out of service; and what breaks it.
+
+    A GPU counts from its registration if later than the month start; its
+    registration is the earliest of the node's ``registered_at``, its first
+    allocation and its first outage (the node's field moves on re-registration).
+    Billed time comes from the month's charges, put on GPUs through the job's
+    allocations on the charge's node.
+    """
+    start_ms, end_ms = rating.month_bounds_ms(month)
+    if until is not None:
+        end_ms = min(end_ms, _dt_ms(until))
+    start_at = datetime.fromtimestamp(start_ms / 1000, tz=UTC)
+    end_at = datetime.fromtimestamp(end_ms / 1000, tz=UTC)
+
+    gpus = {g.pk: g for g in Gpu.objects.select_related("node")}
+    first_seen: dict[int, int] = {}
+
+    def seen(gpu_id: int, at_ms: int | None) -> None:
+        if at_ms is not None:
+            first_seen[gpu_id] = min(first_seen.get(gpu_id, at_ms), at_ms)
+
+    for g in gpus.values():
+        seen(g.pk, _dt_ms(g.node.registered_at))
+    for gpu_id, first in Allocation.objects.values_list("gpu_id").annotate(first=Min("created_at")):
+        seen(gpu_id, _dt_ms(first))
+    outages: dict[int, list[tuple[int, int]]] = {}
+    for gpu_id, started, ended in GpuOutage.objects.filter(started_at__lt=end_at).values_list(
+        "gpu_id", "started_at", "ended_at"
+    ):
+        seen(gpu_id, _dt_ms(started))
+        ended_ms = _dt_ms(ended) if ended is not None else end_ms
+        if ended_ms > start_ms:
+            outages.setdefault(gpu_id, []).append((_dt_ms(started), ended_ms))
+
+    allocations: dict[tuple[int, int], list[tuple[int, int, int, int | None]]] = {}
+    live = Allocation.objects.filter(created_at__lt=end_at).filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=start_at)
+    )
+    for job_id, gpu_id, node_id, share, created, released in live.values_list(
+        "job_id", "gpu_id", "gpu__node_id", "share_milli", "created_at", "released_at"
+    ):
+        allocations.setdefault((job_id, node_id), []).append((gpu_id, share, _dt_ms(created), _dt_ms(released)))
+
+    held: dict[int, list[ledger.Held]] = {}
+    metered: list[ledger.Metered] = []
+    problems: list[str] = []
+    charges = Charge.objects.filter(month=month, end_ms__lte=end_ms).values_list(
+        "job_id", "window__node_id", "window__attempt", "start_ms", "end_ms", "amount"
+    )
+    for job_id, node_id, attempt, c_start, c_end, amount in charges.iterator(chunk_size=5000):
+        metered.append(ledger.Metered(job_id, node_id, attempt, c_start, c_end))
+        on = [a for a in allocations.get((job_id, node_id), []) if a[2] < c_end and (a[3] is None or a[3] > c_start)]
+        if not on:
+            if len(problems) < 50:
+                problems.append(f"unattributed: job {job_id} billed [{c_start}, {c_end}) with no allocation there")
+            continue
+        shares = sum(a[1] for a in on)
+        for gpu_id, share, _, _ in on:
+            held.setdefault(gpu_id, []).append(ledger.Held(c_start, c_end, share, job_id, amount * share / shares))
+
+    ledgers = []
+    for gpu_id, gpu in sorted(gpus.items(), key=lambda kv: (kv[1].node.name, kv[1].index)):
+        since = max(start_ms, first_seen.get(gpu_id, end_ms))
+        if since >= end_ms:
+            continue
+        ledgers.append(
+            ledger.gpu_ledger(
+                gpu_id=gpu_id,
+                node=gpu.node.name,
+                model=gpu.model,
+                start_ms=since,
+                end_ms=end_ms,
+                held=held.get(gpu_id, []),
+                outages=outages.get(gpu_id, []),
+            )
+        )
+    problems += [p for g in ledgers for p in g.problems]
+    problems += ledger.metering_gaps(metered)
+    return LedgerReport(month=month, start_ms=start_ms, end_ms=end_ms, gpus=ledgers, problems=problems)

@@ -6,9 +6,11 @@ import csv
 import logging
 
 from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from django_scopes import scopes_disabled
@@ -71,3 +73,16 @@ def invoice_csv_response(invoice) -> HttpResponse:
 @login_required
 def invoice_csv(request, invoice_id: int):
     return invoice_csv_response(_invoice_for_user(request.user, invoice_id))
+
+
+@staff_member_required
+def ledger_report(request):
+    """Operator report: per GPU model and node, utilisation, revenue and idle capacity for a month."""
+    raw = request.GET.get("month") or f"{timezone.now():%Y-%m}"
+    try:
+        month = selectors.month_parse(raw)
+    except ValueError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain")
+    with scopes_disabled():
+        report = selectors.ledger_month(month=month, until=timezone.now())
+    return render(request, "billing/ledger.html", {"report": report, "month": month})
