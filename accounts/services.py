@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
@@ -334,7 +335,11 @@ def quota_set(*, tenant: Tenant, actor, plan=..., **limits) -> TenantQuota:
             setattr(quota, name, value if value is not None else ("" if name.startswith("on_") else None))
         if plan is not ...:
             quota.plan = plan
-        quota.full_clean(exclude=["tenant"])
+        try:
+            quota.full_clean(exclude=["tenant"])
+        except ValidationError as exc:
+            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            raise AccountsError(f"invalid quota: {problems}") from exc
         quota.save()
     audit_record(
         actor=actor, tenant=tenant, action="quota.set", target=tenant.slug, before=before, after=_quota_snapshot(quota)

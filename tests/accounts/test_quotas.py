@@ -59,6 +59,8 @@ def test_quota_set_rejects_bad_values_and_is_audited(tenant):
         quota_set(tenant=tenant, actor=None, on_budget_exhausted="explode")
     with pytest.raises(AccountsError, match="between 1 and 100"):
         quota_set(tenant=tenant, actor=None, budget_alert_percent=0)
+    with pytest.raises(AccountsError, match="monthly_spend_limit: Ensure that there are no more than 2 decimal"):
+        quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("0.001"))
     quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("100.00"))
     entry = AuditLog.objects.get(tenant=tenant, action="quota.set")
     assert entry.before["monthly_spend_limit"] is None
