@@ -65,7 +65,7 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
         "STRIPE_API_BASE": "http://127.0.0.1:9",
         "GPUSHARE_VAR_DIR": str(var_dir),
         # The benchmark measures the machinery, not the per-token rate limit.
-        "GPUSHARE_API_RATE": "100000000/min",
+        "GPUSHARE_API_RATE": "100000/s",  # a 1 s window keeps the throttle history short
         "CELERY_WORKER_PREFETCH_MULTIPLIER": str(config.worker_prefetch),
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
@@ -237,26 +237,41 @@ class Stack:
         self.wait(lambda: b"ready." in proc.log_path.read_bytes(), 60, f"{name} ready", name)
         return proc
 
-    def agent_argv(self, *, broker_url: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
-        c = self.config
+    def agent_argv(self, *, broker_url: str | None = None, extra: tuple[str, ...] = (), **override) -> list[str]:
+        """The agent's command line; ``override`` replaces node, token, gpus, sample_interval_s, window_s..."""
+        c = {
+            "node": self.config.node, "token": self.node_token, "gpus": self.config.gpus,
+            "sample_interval_s": self.config.sample_interval_s, "window_s": self.config.window_s,
+            "heartbeat_s": self.config.heartbeat_s, **override,
+        }
         return [
-            sys.executable, "-m", "agents", "--node", c.node, "--token", self.node_token,
-            "--broker", broker_url or c.redis_url, "--var-dir", str(self.var_dir / "agent"), "--gpus", c.gpus,
-            "--sample-interval", str(c.sample_interval_s), "--window", str(c.window_s),
-            "--heartbeat", str(c.heartbeat_s), "--log-level", "WARNING", *extra,
+            sys.executable, "-m", "agents", "--node", c["node"], "--token", c["token"],
+            "--broker", broker_url or self.config.redis_url, "--var-dir", str(self.var_dir / "agent"),
+            "--gpus", c["gpus"], "--sample-interval", str(c["sample_interval_s"]), "--window", str(c["window_s"]),
+            "--heartbeat", str(c["heartbeat_s"]), "--log-level", "WARNING", *extra,
         ]
 
-    def agent_start(self, *, broker_url: str | None = None, extra: tuple[str, ...] = (), wait: bool = True) -> Proc:
+    def agent_env(self, extra: dict | None = None) -> dict:
+        """The agent never gets the database's address or the platform's secrets."""
         env = {k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
-        proc = self._proc("agent", self.agent_argv(broker_url=broker_url, extra=extra), env).start()
+        env.update(extra or {})
+        return env
+
+    def agent_start(
+        self, *, name: str = "agent", broker_url: str | None = None, extra: tuple[str, ...] = (), wait: bool = True,
+        env: dict | None = None, **override,
+    ) -> Proc:
+        node = override.get("node", self.config.node)
+        argv = self.agent_argv(broker_url=broker_url, extra=extra, **override)
+        proc = self._proc(name, argv, self.agent_env(env)).start()
         if wait:
-            self.wait(self.node_up, 60, "the agent to register", "agent")
+            self.wait(lambda: self.node_up(node), 60, f"agent {node} to register", name)
         return proc
 
-    def node_up(self) -> bool:
+    def node_up(self, name: str | None = None) -> bool:
         from agents.models import Gpu, Node
 
-        node = Node.objects.filter(name=self.config.node).first()
+        node = Node.objects.filter(name=name or self.config.node).first()
         return bool(node and node.state == Node.State.UP and Gpu.objects.filter(node=node).exists())
 
     def start(self) -> Stack:
@@ -289,11 +304,11 @@ class Stack:
         s.headers["Authorization"] = f"Bearer {self.tenant_token}"
         return s
 
-    def node_state_set(self, state: str) -> None:
-        """Cordon/uncordon the bench node (the harness writes its own database directly)."""
+    def node_state_set(self, state: str, name: str | None = None) -> None:
+        """Cordon/uncordon a node (the harness writes its own database directly)."""
         from agents.models import Node
 
-        Node.objects.filter(name=self.config.node).update(state=state)
+        Node.objects.filter(name=name or self.config.node).update(state=state)
 
     def schedule_pass_request(self) -> None:
         from gpushare.celery import app
