@@ -72,7 +72,12 @@ class GpuOutage(models.Model):
     up to a GPU's seconds in a month.
     """
 
+    class Cause(models.TextChoices):
+        HEALTH = "health"  # an XID/ECC/row-remap event; ends when the operator returns the GPU
+        NODE_DOWN = "node_down"  # missed heartbeats; ends when the agent registers again
+
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="outages")
+    cause = models.CharField(max_length=16, choices=Cause.choices, default=Cause.HEALTH)
     started_at = models.DateTimeField(db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
     reason = models.CharField(max_length=200)
@@ -83,7 +88,10 @@ class GpuOutage(models.Model):
             models.CheckConstraint(
                 condition=models.Q(ended_at__isnull=True) | models.Q(ended_at__gte=models.F("started_at")),
                 name="gpu_outage_ordered",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["gpu", "cause"], condition=models.Q(ended_at__isnull=True), name="gpu_outage_one_open_per_cause"
+            ),
         ]
 
     def __str__(self) -> str:

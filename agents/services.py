@@ -11,16 +11,24 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_scopes import scopes_disabled
 
+from accounts.services import audit_record
 from scheduler import services as scheduler_services
+from scheduler.models import ACTIVE_STATES, Job
 
-from .models import Gpu, Node
+from .agent.health import event_describe, event_is_application_error, event_takes_gpu_out
+from .models import Gpu, GpuOutage, Node
 
 log = logging.getLogger(__name__)
 
 
 class NodeAuthError(Exception):
     pass
+
+
+class NodeStateError(Exception):
+    """An operator command the node's state does not allow."""
 
 
 def _hash(token: str) -> str:
@@ -58,6 +66,7 @@ def node_register(*, node: Node, info: dict) -> Node:
         node.state = Node.State.UP
         node.state_reason = ""
     node.save()
+    _outages_close(node.gpus.all(), cause=GpuOutage.Cause.NODE_DOWN, at=node.registered_at)
     seen = set()
     for gpu in info.get("gpus", []):
         seen.add(gpu["uuid"])
@@ -105,5 +114,144 @@ def node_down_check() -> list[str]:
             locked.state_reason = reason
             locked.save(update_fields=["state", "state_reason"])
             scheduler_services.node_jobs_lost(node=locked, reason=reason)
+            now = timezone.now()
+            for gpu in locked.gpus.all():
+                _outage_open(gpu, cause=GpuOutage.Cause.NODE_DOWN, reason=reason, at=now)
+            audit_record(actor=None, tenant=None, action="node.down", target=node.name, after={"reason": reason})
+            log.error("%s: marked down, its jobs lost", reason)
             downed.append(node.name)
     return downed
+
+
+def _outage_open(gpu: Gpu, *, cause: str, reason: str, at) -> None:
+    """Open an outage of ``cause`` for ``gpu`` unless one is already open."""
+    if not GpuOutage.objects.filter(gpu=gpu, cause=cause, ended_at__isnull=True).exists():
+        GpuOutage.objects.create(gpu=gpu, cause=cause, reason=reason[:200], started_at=at)
+
+
+def _outages_close(gpus, *, cause: str, at) -> int:
+    return GpuOutage.objects.filter(gpu__in=gpus, cause=cause, ended_at__isnull=True).update(ended_at=at)
+
+
+# --- GPU health -------------------------------------------------------------
+
+
+@transaction.atomic
+def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None = None) -> Gpu | None:
+    """A health event from ``node``'s agent about its GPU ``uuid``.
+
+    An application error (XID 13, 31, 43, 45, 68, 109) is logged and audited:
+    the agent already stopped the job(s), which fail with the event as their
+    reason. A hardware event takes the GPU out of service, opens a GpuOutage
+    and alerts the operator (error log + audit entry).
+    """
+    gpu = Gpu.objects.select_for_update().filter(node=node, uuid=uuid).first()
+    if gpu is None:
+        log.warning("node %s reported a health event for GPU %s it does not have; ignored", node.name, uuid)
+        return None
+    description = event_describe(event)
+    at = scheduler_services.ms_to_dt(at_ms) if at_ms else timezone.now()
+    if event_takes_gpu_out(event):
+        before = {"health": gpu.health, "reason": gpu.health_reason}
+        gpu.health = Gpu.Health.OUT_OF_SERVICE
+        gpu.health_reason = f"{description} at {at:%Y-%m-%d %H:%M:%S} UTC"[:200]
+        gpu.save(update_fields=["health", "health_reason"])
+        _outage_open(gpu, cause=GpuOutage.Cause.HEALTH, reason=description, at=at)
+        audit_record(
+            actor=None, tenant=None, action="gpu.out_of_service", target=f"{node.name}/{uuid}",
+            before=before, after={"health": gpu.health, "reason": gpu.health_reason, "event": event},
+        )
+        log.error("OPERATOR: GPU %s on %s taken out of service: %s", uuid, node.name, description)
+    elif event_is_application_error(event):
+        audit_record(
+            actor=None, tenant=None, action="gpu.application_error", target=f"{node.name}/{uuid}", after=event
+        )
+        log.warning("GPU %s on %s: %s; its job(s) fail, the GPU stays in service", uuid, node.name, description)
+    else:
+        log.info("GPU %s on %s: %s", uuid, node.name, description)
+    return gpu
+
+
+@transaction.atomic
+def gpu_return_to_service(*, gpu: Gpu, actor=None, note: str = "") -> Gpu:
+    """The operator checked (or replaced) the GPU: back in the pool, its outage closed."""
+    gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
+    before = {"health": gpu.health, "reason": gpu.health_reason}
+    gpu.health = Gpu.Health.OK
+    gpu.health_reason = ""
+    gpu.save(update_fields=["health", "health_reason"])
+    _outages_close([gpu], cause=GpuOutage.Cause.HEALTH, at=timezone.now())
+    audit_record(
+        actor=actor, tenant=None, action="gpu.return_to_service", target=f"{gpu.node.name}/{gpu.uuid}",
+        before=before, after={"health": gpu.health, "note": note},
+    )
+    scheduler_services.schedule_soon()
+    return gpu
+
+
+# --- operator node commands --------------------------------------------------
+
+
+def _node_state_set(node: Node, *, to: str, actor, action: str, reason: str) -> Node:
+    before = node.state
+    node.state = to
+    node.state_reason = reason[:200]
+    node.save(update_fields=["state", "state_reason"])
+    audit_record(
+        actor=actor, tenant=None, action=action, target=node.name,
+        before={"state": before}, after={"state": to, "reason": node.state_reason},
+    )
+    return node
+
+
+def _active_jobs(node: Node) -> int:
+    with scopes_disabled():
+        return Job.objects.filter(node=node, state__in=ACTIVE_STATES).count()
+
+
+@transaction.atomic
+def node_cordon(*, node: Node, actor=None, reason: str = "") -> Node:
+    """No new jobs on ``node``; what runs there keeps running."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state not in (Node.State.UP, Node.State.DRAINING, Node.State.CORDONED):
+        raise NodeStateError(f"node {node.name} is {node.state}: only an up or draining node can be cordoned")
+    return _node_state_set(node, to=Node.State.CORDONED, actor=actor, action="node.cordon",
+                           reason=reason or "cordoned by the operator")
+
+
+@transaction.atomic
+def node_drain(*, node: Node, actor=None, reason: str = "") -> Node:
+    """No new jobs on ``node``; it becomes cordoned once its last job ends."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state not in (Node.State.UP, Node.State.DRAINING):
+        raise NodeStateError(f"node {node.name} is {node.state}: only an up node can be drained")
+    node = _node_state_set(node, to=Node.State.DRAINING, actor=actor, action="node.drain",
+                           reason=reason or "draining: cordoned once its jobs end")
+    if _active_jobs(node) == 0:
+        node = _node_state_set(node, to=Node.State.CORDONED, actor=None, action="node.drained",
+                               reason="drained: no jobs left")
+    return node
+
+
+@transaction.atomic
+def node_uncordon(*, node: Node, actor=None) -> Node:
+    """Back in the pool."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state not in (Node.State.CORDONED, Node.State.DRAINING, Node.State.UP):
+        raise NodeStateError(f"node {node.name} is {node.state}: only a cordoned or draining node can be uncordoned")
+    node = _node_state_set(node, to=Node.State.UP, actor=actor, action="node.uncordon", reason="")
+    scheduler_services.schedule_soon()
+    return node
+
+
+def node_drains_settle() -> list[str]:
+    """Draining nodes whose last job ended become cordoned (run by agents.check_nodes)."""
+    settled = []
+    for node in Node.objects.filter(state=Node.State.DRAINING):
+        with transaction.atomic():
+            locked = Node.objects.select_for_update().get(pk=node.pk)
+            if locked.state == Node.State.DRAINING and _active_jobs(locked) == 0:
+                _node_state_set(locked, to=Node.State.CORDONED, actor=None, action="node.drained",
+                                reason="drained: no jobs left")
+                settled.append(node.name)
+    return settled

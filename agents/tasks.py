@@ -78,6 +78,14 @@ def job_logs_task(*, node: str, token: str, job_id: int, offset: int, data_b64: 
         )
 
 
+@shared_task(name="agents.gpu_health", ignore_result=True)
+def gpu_health_task(*, node: str, token: str, uuid: str, event: dict, jobs: list | None = None, at_ms: int = 0) -> None:
+    if found := _node(node, token):
+        services.gpu_health_record(node=found, uuid=uuid, event=event, at_ms=at_ms or None)
+
+
 @shared_task(name="agents.check_nodes", ignore_result=True)
 def node_down_check_task() -> list[str]:
-    return services.node_down_check()
+    downed = services.node_down_check()
+    services.node_drains_settle()
+    return downed
