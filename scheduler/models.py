@@ -202,3 +202,49 @@ class JobLogChunk(models.Model):
     class Meta:
         ordering = ["offset"]
         constraints = [models.UniqueConstraint(fields=["job", "offset"], name="joblog_unique_offset")]
+
+
+class TenantShare(models.Model):
+    """A tenant's fair-share weight: with weights 1 and 3, two busy tenants get 25% and 75%."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="scheduler_share")
+    weight = models.DecimalField(max_digits=8, decimal_places=3, default=1)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(weight__gt=0), name="tenantshare_weight_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: weight {self.weight}"
+
+
+class TenantUsage(models.Model):
+    """A tenant's decayed GPU usage (thousandths x ms), brought up to date by each pass."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="scheduler_usage")
+    usage = models.FloatField(default=0)
+    as_of_ms = models.BigIntegerField()
+
+    objects = ScopedManager(tenant="tenant")
+
+
+class SchedulerSettings(models.Model):
+    """The scheduler's knobs (one row, ``pk=1``); read at the start of every pass."""
+
+    fair_share_half_life_s = models.PositiveIntegerField(
+        default=7 * 24 * 3600, help_text="How fast past usage stops counting against a tenant."
+    )
+    default_max_runtime_s = models.PositiveIntegerField(
+        default=24 * 3600, help_text="Runtime assumed for jobs that give none (backfill and estimates use it)."
+    )
+    backfill = models.BooleanField(default=True, help_text="Let smaller jobs start if they do not delay the head.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "scheduler settings"
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="schedulersettings_singleton")]
+        # fair_share_half_life_s > 0 is checked by scheduler.rules.scheduler_settings_update.
+
+    def __str__(self) -> str:
+        return "scheduler settings"

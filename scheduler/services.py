@@ -17,10 +17,8 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.quotas import submission_check
-from agents.models import Gpu, Node
+from agents.models import Node
 
-from . import placement
-from .locks import pass_lock_acquire
 from .models import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
@@ -108,10 +106,10 @@ def job_transition(job: Job, to_state: str, detail: str = "", *, save_fields: tu
 
 
 def schedule_soon() -> None:
-    """Ask for a scheduling pass once the current transaction commits."""
-    from .tasks import schedule_pass_task
+    """Ask for a scheduling pass once the current transaction commits (coalesced with one already queued)."""
+    from .passes import pass_request
 
-    transaction.on_commit(schedule_pass_task.delay)
+    transaction.on_commit(pass_request)
 
 
 @transaction.atomic
@@ -145,106 +143,11 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
     return job
 
 
-@dataclass
-class PassResult:
-    placed: int = 0
-    pending: int = 0
+def schedule_pass(*, now=None):
+    """One scheduling pass (see :mod:`scheduler.passes`)."""
+    from .passes import schedule_pass as run
 
-
-def _fleet_state() -> tuple[list[placement.NodeSlot], dict[str, Gpu]]:
-    nodes: dict[str, placement.NodeSlot] = {}
-    gpus_by_uuid: dict[str, Gpu] = {}
-    for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
-        node = nodes.setdefault(
-            gpu.node.name, placement.NodeSlot(name=gpu.node.name, schedulable=gpu.node.schedulable)
-        )
-        node.gpus.append(
-            placement.GpuSlot(
-                uuid=gpu.uuid,
-                node=gpu.node.name,
-                model=gpu.model,
-                memory_mb=gpu.memory_mb,
-                reservation=gpu.reservation,
-                healthy=gpu.health == Gpu.Health.OK,
-            )
-        )
-        gpus_by_uuid[gpu.uuid] = gpu
-    slots = {g.uuid: g for n in nodes.values() for g in n.gpus}
-    for uuid, share in Allocation.objects.filter(released_at__isnull=True).values_list("gpu__uuid", "share_milli"):
-        slot = slots[uuid]
-        slot.used_milli += share
-        slot.dedicated = slot.dedicated or share == MILLI_PER_GPU
-    return list(nodes.values()), gpus_by_uuid
-
-
-def _request_for(job: Job) -> placement.Request:
-    shared = job.mode == JobMode.SHARED
-    return placement.Request(
-        job_id=job.pk,
-        tenant=str(job.tenant_id),
-        rank=job.priority.rank,
-        submitted_ms=dt_to_ms(job.submitted_at),
-        shared=shared,
-        count=1 if shared else job.gpu_milli // MILLI_PER_GPU,
-        share_milli=job.gpu_milli if shared else MILLI_PER_GPU,
-        gpu_model=job.gpu_model,
-        gpu_memory_mb=job.gpu_memory_mb or 0,
-    )
-
-
-@scopes_disabled()
-@transaction.atomic
-def schedule_pass() -> PassResult:
-    """Place what fits, record why the rest waits, dispatch after commit."""
-    pass_lock_acquire()
-    queued = list(Job.objects.filter(state=JobState.QUEUED).select_related("priority", "tenant"))
-    if not queued:
-        return PassResult()
-    nodes, gpus_by_uuid = _fleet_state()
-    jobs = {job.pk: job for job in queued}
-    decided = placement.plan(nodes, [_request_for(job) for job in queued])
-    now = timezone.now()
-    for decision in decided.placements:
-        job = jobs[decision.job_id]
-        gpus = [gpus_by_uuid[uuid] for uuid in decision.gpu_uuids]
-        Allocation.objects.bulk_create(
-            Allocation(tenant_id=job.tenant_id, job=job, gpu=gpu, share_milli=decision.share_milli) for gpu in gpus
-        )
-        job.node = gpus[0].node
-        job.scheduled_at = now
-        job.pending_reason = ""
-        job.attempt += 1
-        job.isolation = "exclusive" if job.mode == JobMode.DEDICATED else gpus[0].isolation
-        job_transition(
-            job,
-            JobState.SCHEDULED,
-            f"placed on {job.node.name} ({', '.join(decision.gpu_uuids)})",
-            save_fields=("node", "scheduled_at", "pending_reason", "attempt", "isolation"),
-        )
-        payload = launch_payload(job, list(decision.gpu_uuids), decision.share_milli)
-        transaction.on_commit(lambda node=job.node.name, p=payload: _send_to_node(node, "agent.launch", p))
-    for job_id, reason in decided.pending.items():
-        job = jobs[job_id]
-        if job.pending_reason != reason:
-            job.pending_reason = reason
-            job.save(update_fields=["pending_reason"])
-    return PassResult(placed=len(decided.placements), pending=len(decided.pending))
-
-
-def launch_payload(job: Job, gpu_uuids: list[str], share_milli: int) -> dict:
-    return {
-        "job_id": job.pk,
-        "attempt": job.attempt,
-        "tenant": job.tenant.slug,
-        "command": job.command,
-        "env": job.env,
-        "image": job.image,
-        "gpu_uuids": gpu_uuids,
-        "share_milli": share_milli,
-        "mode": job.mode,
-        "max_runtime_s": job.max_runtime_s,
-        "grace_s": job.priority.grace_period_s or settings.GPUSHARE["STOP_GRACE_S"],
-    }
+    return run(now=now)
 
 
 def _send_to_node(node_name: str, task: str, payload: dict) -> None:
@@ -312,7 +215,11 @@ def job_exited(
     job.stop_reason = reason or job.stop_reason
     final = JobState.LOST if lost and not job.stop_requested else _final_state(job, exit_code)
     detail = reason or (f"exit code {exit_code}" if exit_code is not None else "ended")
-    job_transition(job, final, detail, save_fields=("finished_at", "started_at", "exit_code", "stop_reason"))
+    fields = ("finished_at", "started_at", "exit_code", "stop_reason")
+    if final == JobState.PREEMPTED:
+        job.preemption_count += 1
+        fields += ("preemption_count",)
+    job_transition(job, final, detail, save_fields=fields)
     allocations_release(job)
     if final == JobState.PREEMPTED:
         job_requeue(job, detail="requeued after preemption")

@@ -2,10 +2,11 @@
 
 from celery import shared_task
 
-from . import services
+from . import passes, services
 
 
 @shared_task(name="scheduler.pass", ignore_result=True)
 def schedule_pass_task() -> dict:
+    passes.pass_flag_clear()
     result = services.schedule_pass()
     return {"placed": result.placed, "pending": result.pending}

@@ -1,0 +1,363 @@
+"""The scheduling pass: read the queue and the fleet in bulk, let the pure core
+decide (:func:`scheduler.placement.plan`), write every decision in one
+transaction under the scheduler lock, and dispatch launches and stops after
+commit. The number of queries does not grow with the queue.
+
+Passes are asked for on submit/finish events (:func:`pass_request`) and run
+every few seconds by beat. A trigger that arrives while a pass is already
+queued is folded into it; the flag is cleared when the queued pass starts,
+before it reads anything, so a trigger is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from agents.agent.brokerconf import node_queue
+from agents.models import Gpu, Node
+
+from . import placement
+from .locks import pass_lock_acquire
+from .models import (
+    ACTIVE_STATES,
+    MILLI_PER_GPU,
+    TRANSITIONS,
+    Allocation,
+    Job,
+    JobEvent,
+    JobMode,
+    JobState,
+    PriorityClass,
+    SchedulerSettings,
+    TenantShare,
+    TenantUsage,
+)
+
+log = logging.getLogger(__name__)
+
+PASS_FLAG_KEY = "gpushare:scheduler:pass-queued"
+PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it anyway
+ESTIMATE_SLACK = timedelta(seconds=30)  # estimated starts move less than this are not rewritten
+
+
+# -- triggers ------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _redis():
+    url = getattr(settings, "REDIS_URL", "")
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    return redis.Redis.from_url(url, socket_timeout=2)
+
+
+def pass_request() -> None:
+    """Enqueue a pass unless one is queued and not started yet."""
+    from .tasks import schedule_pass_task
+
+    client = _redis()
+    if client is not None:
+        try:
+            if not client.set(PASS_FLAG_KEY, "1", nx=True, ex=PASS_FLAG_TTL_S):
+                return
+        except redis.RedisError:  # Redis down: enqueue anyway, the broker will say more
+            log.warning("could not coalesce the scheduling pass trigger", exc_info=True)
+    schedule_pass_task.delay()
+
+
+def pass_flag_clear() -> None:
+    """Called as a queued pass starts: triggers from now on enqueue the next one."""
+    client = _redis()
+    if client is not None:
+        try:
+            client.delete(PASS_FLAG_KEY)
+        except redis.RedisError:
+            log.warning("could not clear the scheduling pass flag", exc_info=True)
+
+
+# -- reading the state ---------------------------------------------------------------------------------------
+def settings_get() -> SchedulerSettings:
+    found = SchedulerSettings.objects.filter(pk=1).first()
+    if found is None:
+        found = SchedulerSettings(pk=1, default_max_runtime_s=settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"])
+    return found
+
+
+def _ms(value) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _fleet() -> tuple[list[placement.NodeSlot], dict[str, tuple[int, int, str]]]:
+    """The nodes as the core sees them; and GPU uuid -> (gpu id, node id, isolation)."""
+    nodes: dict[int, placement.NodeSlot] = {}
+    gpus: dict[str, tuple[int, int, str]] = {}
+    rows = Gpu.objects.order_by("node__name", "index").values_list(
+        "id", "uuid", "model", "memory_mb", "reservation", "health", "isolation", "node_id", "node__name",
+        "node__state",
+    )
+    for gpu_id, uuid, model, memory, reservation, health, isolation, node_id, node_name, node_state in rows:
+        node = nodes.get(node_id)
+        if node is None:
+            node = nodes[node_id] = placement.NodeSlot(name=node_name, schedulable=node_state == Node.State.UP)
+        node.gpus.append(placement.GpuSlot(
+            uuid=uuid, node=node_name, model=model, memory_mb=memory, reservation=reservation,
+            healthy=health == Gpu.Health.OK,
+        ))
+        gpus[uuid] = (gpu_id, node_id, isolation)
+    return list(nodes.values()), gpus
+
+
+def _running(classes: dict[int, PriorityClass], conf: SchedulerSettings, now_ms: int) -> list[placement.Running]:
+    held: dict[int, list[tuple[str, int]]] = {}
+    for job_id, uuid, share in Allocation.objects.filter(released_at__isnull=True).values_list(
+        "job_id", "gpu__uuid", "share_milli"
+    ):
+        held.setdefault(job_id, []).append((uuid, share))
+    rows = Job.objects.filter(state__in=ACTIVE_STATES).values_list(
+        "id", "tenant_id", "priority_id", "node__name", "started_at", "scheduled_at", "max_runtime_s",
+        "gpu_memory_mb", "stop_requested", "mode",
+    )
+    running = []
+    for job_id, tenant_id, priority_id, node, started, scheduled, max_runtime_s, memory, stop, mode in rows:
+        gpus = held.get(job_id)
+        if not gpus:
+            continue
+        klass = classes[priority_id]
+        begun = started or scheduled
+        start_ms = _ms(begun) if begun else now_ms
+        running.append(placement.Running(
+            job_id=job_id, tenant=str(tenant_id), rank=klass.rank, node=node or "",
+            gpu_uuids=tuple(u for u, _ in gpus), share_milli=gpus[0][1],
+            started_ms=_ms(started) if started else now_ms,
+            end_ms=start_ms + (max_runtime_s or conf.default_max_runtime_s) * 1000,
+            priority=klass.name, preemptible=klass.preemptible, min_runtime_ms=klass.min_runtime_s * 1000,
+            gpu_memory_mb=(memory or 0) if mode == JobMode.SHARED else 0, stopping=bool(stop),
+        ))
+    return running
+
+
+def _usage_update(running: list[placement.Running], tenant_ids: set[int], conf, now_ms: int) -> dict[str, float]:
+    """Bring each tenant's decayed usage up to now, counting what it held since the last pass."""
+    half_life_ms = max(1, conf.fair_share_half_life_s) * 1000
+    held: dict[int, int] = {}
+    for job in running:
+        held[int(job.tenant)] = held.get(int(job.tenant), 0) + job.milli
+    rows = {u.tenant_id: u for u in TenantUsage.objects.filter(tenant_id__in=tenant_ids | set(held))}
+    changed, created = [], []
+    for tenant_id in tenant_ids | set(held):
+        row = rows.get(tenant_id)
+        if row is None:
+            rows[tenant_id] = row = TenantUsage(tenant_id=tenant_id, usage=0.0, as_of_ms=now_ms)
+            created.append(row)
+            continue
+        elapsed = now_ms - row.as_of_ms
+        if elapsed <= 0:
+            continue
+        row.usage = placement.usage_accumulate(
+            row.usage, milli=held.get(tenant_id, 0), duration_ms=elapsed, half_life_ms=half_life_ms
+        )
+        row.as_of_ms = now_ms
+        changed.append(row)
+    TenantUsage.objects.bulk_create(created, ignore_conflicts=True)
+    TenantUsage.objects.bulk_update(changed, ["usage", "as_of_ms"], batch_size=1000)
+    return {str(t): row.usage for t, row in rows.items()}
+
+
+def _tenant_limits() -> dict[str, placement.Limits]:
+    """Per-tenant caps from the accounts app, as plain data (none if it has no such function)."""
+    try:
+        from accounts.quotas import tenant_limits_for_scheduling
+    except ImportError:
+        return {}
+    return {
+        str(tenant_id): placement.Limits(
+            dedicated_gpus=getattr(limits, "max_dedicated_gpus", None),
+            shared_milli=getattr(limits, "max_shared_milli", None),
+            blocked_reason=getattr(limits, "blocked_reason", "") or "",
+        )
+        for tenant_id, limits in tenant_limits_for_scheduling().items()
+    }
+
+
+# -- the pass ------------------------------------------------------------------------------------------------
+@dataclass
+class PassResult:
+    placed: int = 0
+    pending: int = 0
+    preempted: int = 0
+    seconds: float = 0.0
+
+
+QUEUED_FIELDS = (
+    "id", "tenant_id", "priority_id", "submitted_at", "mode", "gpu_milli", "gpu_model", "gpu_memory_mb",
+    "max_runtime_s", "pending_reason", "estimated_start_at", "attempt",
+)
+
+
+@scopes_disabled()
+@transaction.atomic
+def schedule_pass(*, now=None) -> PassResult:
+    """Place what fits, preempt what must give way, record why the rest waits; dispatch after commit."""
+    started = time.perf_counter()
+    pass_lock_acquire()
+    conf = settings_get()
+    now = now or timezone.now()
+    now_ms = _ms(now)
+    # Queued rows are locked for the pass (a concurrent cancel waits, then sees the outcome);
+    # rows another transaction holds now are left for the next pass.
+    queued = list(
+        Job.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(state=JobState.QUEUED)
+        .values_list(*QUEUED_FIELDS)
+    )
+    classes = {c.pk: c for c in PriorityClass.objects.prefetch_related("may_preempt")}
+    running = _running(classes, conf, now_ms)
+    usage = _usage_update(running, {row[1] for row in queued}, conf, now_ms)
+    if not queued:
+        return PassResult(seconds=time.perf_counter() - started)
+    nodes, gpu_ids = _fleet()
+    policy = placement.Policy(
+        now_ms=now_ms,
+        weights={str(t): float(w) for t, w in TenantShare.objects.values_list("tenant_id", "weight")},
+        usage=usage,
+        half_life_ms=max(1, conf.fair_share_half_life_s) * 1000,
+        limits=_tenant_limits(),
+        may_preempt={c.name: frozenset(v.name for v in c.may_preempt.all()) for c in classes.values()},
+        backfill=conf.backfill,
+        default_max_runtime_ms=conf.default_max_runtime_s * 1000,
+        preempt_grace_ms=max((c.grace_period_s for c in classes.values()), default=30) * 1000,
+    )
+    requests = [_request(row, classes) for row in queued]
+    decided = placement.plan(nodes, requests, running=running, policy=policy)
+    rows = {row[0]: row for row in queued}
+    _placements_write(decided.placements, rows, gpu_ids, now)
+    preempted = _preemptions_write(decided.preemptions, classes)
+    _pending_write(decided, rows, now)
+    return PassResult(
+        placed=len(decided.placements), pending=len(decided.pending), preempted=preempted,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _request(row: tuple, classes: dict[int, PriorityClass]) -> placement.Request:
+    job_id, tenant_id, priority_id, submitted_at, mode, milli, model, memory, max_runtime_s = row[:9]
+    klass = classes[priority_id]
+    shared = mode == JobMode.SHARED
+    return placement.Request(
+        job_id=job_id, tenant=str(tenant_id), rank=klass.rank, submitted_ms=_ms(submitted_at), shared=shared,
+        count=1 if shared else milli // MILLI_PER_GPU, share_milli=milli if shared else MILLI_PER_GPU,
+        gpu_model=model, gpu_memory_mb=memory or 0, max_runtime_ms=(max_runtime_s or 0) * 1000,
+        priority=klass.name,
+    )
+
+
+def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tuple[int, int, str]], now) -> None:
+    if not placements:
+        return
+    assert JobState.SCHEDULED in TRANSITIONS[JobState.QUEUED]
+    allocations, jobs, events = [], [], []
+    for decision in placements:
+        row = rows[decision.job_id]
+        gpus = [gpu_ids[uuid] for uuid in decision.gpu_uuids]
+        for gpu_id, _, _ in gpus:
+            allocations.append(Allocation(
+                tenant_id=row[1], job_id=decision.job_id, gpu_id=gpu_id, share_milli=decision.share_milli
+            ))
+        shared = row[4] == JobMode.SHARED
+        jobs.append(Job(
+            pk=decision.job_id, state=JobState.SCHEDULED, node_id=gpus[0][1], scheduled_at=now, pending_reason="",
+            estimated_start_at=None, attempt=row[11] + 1, isolation=gpus[0][2] if shared else "exclusive",
+        ))
+        events.append(JobEvent(
+            tenant_id=row[1], job_id=decision.job_id, from_state=JobState.QUEUED, to_state=JobState.SCHEDULED,
+            detail=f"placed on {decision.node} ({', '.join(decision.gpu_uuids)})"[:300],
+        ))
+    Allocation.objects.bulk_create(allocations, batch_size=2000)
+    Job.objects.bulk_update(
+        jobs, ["state", "node_id", "scheduled_at", "pending_reason", "estimated_start_at", "attempt", "isolation"],
+        batch_size=1000,
+    )
+    JobEvent.objects.bulk_create(events, batch_size=2000)
+    by_id = {d.job_id: d for d in placements}
+    messages = []
+    launch_rows = Job.objects.filter(pk__in=list(by_id)).values(
+        "id", "attempt", "tenant__slug", "command", "env", "image", "mode", "max_runtime_s",
+        "priority__grace_period_s",
+    )
+    for job in launch_rows:
+        decision = by_id[job["id"]]
+        messages.append((decision.node, "agent.launch", {
+            "job_id": job["id"],
+            "attempt": job["attempt"],
+            "tenant": job["tenant__slug"],
+            "command": job["command"],
+            "env": job["env"],
+            "image": job["image"],
+            "gpu_uuids": list(decision.gpu_uuids),
+            "share_milli": decision.share_milli,
+            "mode": job["mode"],
+            "max_runtime_s": job["max_runtime_s"],
+            "grace_s": job["priority__grace_period_s"] or settings.GPUSHARE["STOP_GRACE_S"],
+        }))
+    transaction.on_commit(lambda: nodes_send(messages))
+
+
+def _preemptions_write(preemptions, classes: dict[int, PriorityClass]) -> int:
+    if not preemptions:
+        return 0
+    by_victim = {p.victim_id: p for p in preemptions}
+    requesters = dict(Job.objects.filter(pk__in=[p.for_job_id for p in preemptions]).values_list("id", "priority_id"))
+    messages = []
+    victims = Job.objects.select_for_update(of=("self",)).filter(
+        pk__in=list(by_victim), state__in=ACTIVE_STATES, stop_requested=""
+    ).select_related("node")
+    count = 0
+    for job in victims:
+        decision = by_victim[job.pk]
+        by_class = classes[requesters[decision.for_job_id]].name
+        reason = f"preempted for job {decision.for_job_id} ({by_class})"
+        job.stop_requested = "preempt"
+        job.stop_reason = reason
+        job.save(update_fields=["stop_requested", "stop_reason"])
+        JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state=job.state, to_state=job.state,
+                                detail=reason)
+        grace = classes[job.priority_id].grace_period_s
+        messages.append((job.node.name, "agent.stop",
+                         {"job_id": job.pk, "attempt": job.attempt, "reason": reason, "grace_s": grace}))
+        count += 1
+    transaction.on_commit(lambda: nodes_send(messages))
+    return count
+
+
+def _pending_write(decided: placement.Plan, rows: dict[int, tuple], now) -> None:
+    changed = []
+    for job_id, reason in decided.pending.items():
+        row = rows[job_id]
+        at_ms = decided.estimated_start_ms.get(job_id)
+        estimate = datetime.fromtimestamp(max(at_ms, _ms(now)) / 1000, tz=UTC) if at_ms else None
+        old_reason, old_estimate = row[9], row[10]
+        moved = (estimate is None) != (old_estimate is None) or (
+            estimate is not None and abs(estimate - old_estimate) > ESTIMATE_SLACK
+        )
+        if reason[:200] != old_reason or moved:
+            changed.append(Job(pk=job_id, pending_reason=reason[:200], estimated_start_at=estimate))
+    Job.objects.bulk_update(changed, ["pending_reason", "estimated_start_at"], batch_size=1000)
+
+
+def nodes_send(messages: list[tuple[str, str, dict]]) -> None:
+    """Send (node, task, payload) messages to the nodes' queues over one broker connection."""
+    if not messages:
+        return
+    from gpushare.celery import app
+
+    with app.producer_or_acquire() as producer:
+        for node, task, payload in messages:
+            app.send_task(task, kwargs=payload, queue=node_queue(node), producer=producer)
