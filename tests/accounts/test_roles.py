@@ -142,3 +142,23 @@ def test_token_acts_with_current_role(jobs_urls, rules, tenant):
     response = client.get("/t/jobs/")
     assert response.status_code == 401
     assert "no longer a member" in response.json()["error"]["message"]
+
+
+def test_real_jobs_api_applies_the_roles(rules, tenant):
+    """The jobs API declares RoleAllows: role and scope are both needed."""
+    viewer, member, colleague = (member_add(tenant, role=r) for r in (Role.VIEWER, Role.MEMBER, Role.MEMBER))
+    body = {"kind": "training", "gpus": 1, "command": ["true"]}
+    all_scopes = ["jobs:read", "jobs:write", "usage:read", "billing:read"]
+
+    as_viewer = APIClient()
+    as_viewer.credentials(HTTP_AUTHORIZATION=f"Bearer {token_for(tenant, user=viewer, scopes=all_scopes)}")
+    response = as_viewer.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 403 and "jobs.submit" in response.json()["error"]["message"]
+    assert as_viewer.get("/api/v1/jobs/").status_code == 200
+
+    theirs = _job(tenant, colleague)
+    as_member = _client(tenant, member)
+    mine = as_member.post("/api/v1/jobs/", body, format="json")
+    assert mine.status_code == 201
+    assert as_member.post(f"/api/v1/jobs/{theirs.pk}/cancel/").status_code == 403
+    assert as_member.post(f"/api/v1/jobs/{mine.json()['id']}/cancel/").status_code == 202
