@@ -65,3 +65,20 @@ def _chunk_start(job: Job, offset: int) -> int:
 
 
 __all__ = ["Allocation", "job_gpu_uuids", "job_log_read", "jobs_for_tenant", "queue_position"]
+
+
+def tenant_weights() -> dict[int, object]:
+    """Tenant id -> fair-share weight (Decimal), for tenants whose weight was set (others weigh 1)."""
+    from django_scopes import scopes_disabled
+
+    from .models import TenantShare
+
+    with scopes_disabled():
+        return dict(TenantShare.objects.values_list("tenant_id", "weight"))
+
+
+def scheduler_settings():
+    """The scheduler's settings in force (half-life, default max runtime, backfill)."""
+    from .passes import settings_get
+
+    return settings_get()

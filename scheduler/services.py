@@ -112,6 +112,12 @@ def schedule_soon() -> None:
     transaction.on_commit(pass_request)
 
 
+def _default_max_runtime_s() -> int:
+    from .passes import settings_get
+
+    return settings_get().default_max_runtime_s
+
+
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
     if tenant.state != Tenant.State.ACTIVE:
@@ -135,7 +141,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             gpu_model=spec.gpu_model,
             gpu_memory_mb=spec.gpu_memory_mb,
             priority=priority,
-            max_runtime_s=spec.max_runtime_s or settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"],
+            max_runtime_s=spec.max_runtime_s or _default_max_runtime_s(),
             pending_reason="waiting for the next scheduling pass",
         )
         JobEvent.objects.create(tenant=tenant, job=job, to_state=JobState.QUEUED, detail="submitted")
