@@ -209,6 +209,45 @@ ERROR_RESPONSES = {
 }
 
 
+_ERROR_COMPONENT = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "enum": list(ERROR_CODES)},
+                "message": {"type": "string"},
+                "fields": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+            },
+            "required": ["code", "message", "fields"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def error_responses_hook(result, generator, request, public):
+    """drf-spectacular postprocessing: every /api/v1/ operation documents the shared error answers.
+
+    Any endpoint may answer 400 (bad query or body), 401, 403 (role, scope), 404,
+    413 (body too large) or 429 (rate limit), always in the one error shape.
+    """
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault("ApiError", _ERROR_COMPONENT)
+    ref = {"$ref": "#/components/schemas/ApiError"}
+    for path, operations in result.get("paths", {}).items():
+        if not path.startswith("/api/v1/"):
+            continue
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for status_code, response in ERROR_RESPONSES.items():
+                responses.setdefault(
+                    str(status_code),
+                    {"description": response.description, "content": {"application/json": {"schema": ref}}},
+                )
+    return result
+
+
 # --- Django-level errors on /api/ paths --------------------------------------
 
 

@@ -171,6 +171,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit GPU jobs, follow them, and read usage and invoices.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "gpushare.api.error_responses_hook"],
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduler.models.JobState",
+        "InvoiceStateEnum": "billing.models.Invoice.State",
+    },
 }
 
 # --- Celery ---------------------------------------------------------------

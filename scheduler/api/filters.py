@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import django_filters
+from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from ..models import Job, JobKind, JobState
+
+
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 date-time, converted to UTC (PostgreSQL refuses offsets beyond +-15:59)."""
+
+    def to_python(self, value):
+        try:
+            parsed = super().to_python(value)
+            return parsed.astimezone(UTC) if parsed is not None and parsed.tzinfo else parsed
+        except OverflowError as exc:
+            raise forms.ValidationError("Enter a valid date/time.", code="invalid") from exc
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
 
 
 class JobFilter(django_filters.FilterSet):
@@ -12,10 +31,10 @@ class JobFilter(django_filters.FilterSet):
         choices=JobState.choices, help_text="One or more states (repeat the parameter: ?state=queued&state=running)."
     )
     kind = django_filters.ChoiceFilter(choices=JobKind.choices)
-    submitted_after = django_filters.IsoDateTimeFilter(
+    submitted_after = UtcIsoDateTimeFilter(
         field_name="submitted_at", lookup_expr="gte", help_text="ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z."
     )
-    submitted_before = django_filters.IsoDateTimeFilter(
+    submitted_before = UtcIsoDateTimeFilter(
         field_name="submitted_at", lookup_expr="lt", help_text="ISO 8601 date-time (exclusive)."
     )
     name = django_filters.CharFilter(

@@ -160,7 +160,7 @@ class JobSerializer(serializers.ModelSerializer):
             positions = queue_positions(job_ids=[job.pk])
         return positions.get(job.pk)
 
-    @extend_schema_field(OpenApiTypes.DECIMAL)
+    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=6, coerce_to_string=True))
     def get_cost(self, job: Job) -> str:
         return str(job.cost.quantize(Decimal("0.000001")))
 

@@ -239,3 +239,13 @@ def test_another_tenants_job_is_404(rules, tenant, other_tenant, api_client_for,
     assert client.get("/api/v1/jobs/").json()["count"] == 0
     with scopes_disabled():
         assert Job.objects.get(pk=theirs.pk).state == JobState.QUEUED
+
+
+@pytest.mark.parametrize(
+    "value", ["0181-08-06T08:12:15-17:41", "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00", "2026-13-01"]
+)
+def test_submitted_after_out_of_range_is_400_not_500(rules, tenant, api_client_for, value):
+    response = api_client_for(tenant).get("/api/v1/jobs/", {"submitted_after": value})
+    assert response.status_code in (200, 400), response.content
+    if response.status_code == 400:
+        assert_error(response, 400, "invalid", "submitted_after")
