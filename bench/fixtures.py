@@ -10,8 +10,14 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 
-def finished_jobs_create(*, tenant_id: int, node_name: str, count: int, batch_size: int = 5000) -> list[int]:
-    """``count`` succeeded whole-GPU jobs, each with a (released) allocation on a GPU of ``node_name``."""
+def finished_jobs_create(
+    *, tenant_id: int | None = None, node_name: str, count: int, batch_size: int = 5000, tenant_ids: list[int] = ()
+) -> list[int]:
+    """``count`` succeeded whole-GPU jobs, each with a (released) allocation on a GPU of ``node_name``.
+
+    The jobs belong to ``tenant_id``, or round-robin to ``tenant_ids``.
+    """
+    owners = list(tenant_ids) or [tenant_id]
     from agents.models import Gpu
     from scheduler.models import Allocation, Job, JobMode, JobState, PriorityClass
 
@@ -26,14 +32,15 @@ def finished_jobs_create(*, tenant_id: int, node_name: str, count: int, batch_si
         for start in range(0, count, batch_size):
             jobs = Job.objects.bulk_create(
                 Job(
-                    tenant_id=tenant_id, name=f"bench-{start + i}", kind="training", mode=JobMode.DEDICATED,
+                    tenant_id=owners[(start + i) % len(owners)], name=f"bench-{start + i}", kind="training",
+                    mode=JobMode.DEDICATED,
                     gpu_milli=1000, command=["true"], priority=priority, max_runtime_s=3600,
                     state=JobState.SUCCEEDED, node=node, attempt=1, started_at=now, finished_at=now, exit_code=0,
                 )
                 for i in range(min(batch_size, count - start))
             )
             Allocation.objects.bulk_create(
-                Allocation(tenant_id=tenant_id, job=job, gpu=gpus[(start + i) % len(gpus)], share_milli=1000,
+                Allocation(tenant_id=job.tenant_id, job=job, gpu=gpus[(start + i) % len(gpus)], share_milli=1000,
                            released_at=now)
                 for i, job in enumerate(jobs)
             )
