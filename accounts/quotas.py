@@ -276,6 +276,8 @@ def submission_check(*, tenant: Tenant, mode: str, gpu_milli: int) -> None:
     open_jobs = 0
     if limits.max_open_jobs is not None:
         open_jobs = Job.objects.filter(tenant_id=locked.pk).exclude(state__in=TERMINAL_STATES).count()
-    refusal = admission_refusal(limits, month_usage(locked), open_jobs=open_jobs, mode=mode, gpu_milli=gpu_milli)
+    budgeted = limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None
+    usage = month_usage(locked) if budgeted else MonthUsage()
+    refusal = admission_refusal(limits, usage, open_jobs=open_jobs, mode=mode, gpu_milli=gpu_milli)
     if refusal is not None:
         raise JobError(refusal.message, code=refusal.code, field=refusal.field)

@@ -189,3 +189,15 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
     assert other_running.stop_requested == ""
     assert budgets_enforce()["stopped"] == 0  # idempotent: already asked to stop
     assert AuditLog.objects.filter(tenant=tenant, action="budget.stop_jobs").count() == 1
+
+
+def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
+    """Lock the tenant, read quota+plan, the default plan, count open jobs, sum the month: 5 queries,
+    however many jobs and usage windows the tenant has."""
+    from accounts.quotas import submission_check
+
+    quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
+    for _ in range(5):
+        usage_add(tenant, amount="1.00", job=submit(tenant))
+    with django_assert_num_queries(5):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
