@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from django_scopes import scopes_disabled
 
-from accounts.models import Membership
+from accounts.permissions import role_allows, role_for
 
 from . import gateway, selectors
 from .services.payments import stripe_event_apply
@@ -41,12 +41,12 @@ def stripe_webhook(request):
 
 
 def _invoice_for_user(user, invoice_id: int):
-    """The invoice if ``user`` is staff or a member of its tenant; 404 otherwise (as if missing)."""
+    """The invoice if ``user`` is staff or may read its tenant's billing; 404 otherwise (as if missing)."""
     with scopes_disabled():
         invoice = selectors.invoice_with_lines(invoice_id=invoice_id)
         if invoice is None:
             raise Http404("no such invoice")
-        if not user.is_staff and not Membership.objects.filter(tenant=invoice.tenant_id, user=user).exists():
+        if not user.is_staff and not role_allows(role_for(user=user, tenant=invoice.tenant), "billing.read"):
             raise Http404("no such invoice")
         return invoice
 

@@ -161,3 +161,18 @@ def test_spend_this_month(fleet, tenant, api_client_for):
     response = api_client_for(tenant, scopes=SCOPES).get("/api/v1/spend/")
     assert response.status_code == 200
     assert Decimal(response.json()["spent"]) == 0
+
+
+def test_invoices_are_for_owners_and_filter_by_state(usage, tenant, api_client_for):
+    member = api_client_for(tenant, role="member", scopes=SCOPES)
+    owner = api_client_for(tenant, scopes=SCOPES)
+
+    refused = member.get("/api/v1/invoices/")
+    draft = owner.get("/api/v1/invoices/", {"state": "draft"}).json()["results"]
+    paid = owner.get("/api/v1/invoices/", {"state": "paid"}).json()["results"]
+    bad = owner.get("/api/v1/invoices/", {"state": "cheap"})
+
+    assert refused.status_code == 403 and "billing.read" in refused.json()["error"]["message"]
+    assert member.get("/api/v1/usage/", {"start": "2026-03-01", "end": "2026-04-01"}).status_code == 200
+    assert len(draft) == 1 and paid == []
+    assert bad.status_code == 400 and "state" in bad.json()["error"]["fields"]

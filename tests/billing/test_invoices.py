@@ -98,17 +98,20 @@ def test_close_command_rejects_a_bad_month(db):
         call_command("close_invoices", "--month", "2026-13", stdout=io.StringIO())
 
 
-def test_printable_invoice_and_csv_for_members_only(march_usage, tenant, other_tenant):
+def test_printable_invoice_and_csv_for_owners_only(march_usage, tenant, other_tenant):
     invoices_close_month(month=MARCH)
     with scopes_disabled():
         invoice = Invoice.objects.get(tenant=tenant, month=MARCH)
         lines_exact = sum(line.exact_amount for line in invoice.lines.all())
-    member, outsider = member_add(tenant), member_add(other_tenant)
+    member, outsider = member_add(tenant, role="owner"), member_add(other_tenant, role="owner")
+    plain_member = member_add(tenant, role="member")
     client = Client()
 
     client.force_login(member)
     page = client.get(f"/billing/invoices/{invoice.pk}/")
     rows = list(csv.DictReader(io.StringIO(client.get(f"/billing/invoices/{invoice.pk}/jobs.csv").content.decode())))
+    client.force_login(plain_member)
+    not_allowed = client.get(f"/billing/invoices/{invoice.pk}/")
     client.force_login(outsider)
     foreign = client.get(f"/billing/invoices/{invoice.pk}/")
     foreign_csv = client.get(f"/billing/invoices/{invoice.pk}/jobs.csv")
@@ -118,3 +121,4 @@ def test_printable_invoice_and_csv_for_members_only(march_usage, tenant, other_t
     assert {r["job_id"] for r in rows} == {str(j.pk) for j in march_usage[:2]}
     assert sum(Decimal(r["exact_amount"]) for r in rows) == lines_exact
     assert foreign.status_code == 404 and foreign_csv.status_code == 404
+    assert not_allowed.status_code == 404  # billing is for owners (accounts.permissions)
