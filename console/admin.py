@@ -19,7 +19,8 @@ from accounts.models import AuditLog, Plan, Tenant, TenantQuota
 from accounts.services import AccountsError, quota_set, tenant_reinstate, tenant_suspend
 from agents.models import Gpu, Node
 from billing.models import Price
-from scheduler.models import JobKind, PriorityClass
+from scheduler.models import JobKind, PriorityClass, SchedulerSettings
+from scheduler.rules import RuleError, scheduler_settings_update
 
 from . import replay, services
 from .rules import ClassDraft, RuleSet, rules_problems
@@ -87,8 +88,10 @@ class PriorityClassForm(forms.ModelForm):
         draft = self.draft()
         old_name = self.instance.name if self.instance.pk else None
         others = tuple(c for c in current.classes if c.name not in (old_name, draft.name))
-        problems = rules_problems(RuleSet(classes=(*others, draft), weights=current.weights,
-                                          half_life_s=current.half_life_s))
+        proposed = RuleSet(classes=(*others, draft), weights=current.weights, half_life_s=current.half_life_s)
+        if old_name is None:  # a new class: nothing of that name is in force (the scheduler refuses a duplicate)
+            current = RuleSet(classes=others, weights=current.weights, half_life_s=current.half_life_s)
+        problems = rules_problems(proposed) or services.rules_dry_run(current=current, proposed=proposed)
         if problems:
             raise ValidationError(problems)
         return cleaned
@@ -114,6 +117,9 @@ class PriorityClassAdmin(admin.ModelAdmin):
             reverse("console:rules"),
         ))
         return super().changelist_view(request, extra_context)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["name"] if obj else []  # jobs and invoice lines refer to a class by its name
 
     def has_delete_permission(self, request, obj=None):
         return False  # jobs and invoice lines refer to classes by name: retire a class by ranking it low
@@ -320,3 +326,33 @@ class AuditLogAdmin(admin.ModelAdmin):
 
 
 _take_over(AuditLog, AuditLogAdmin)
+
+
+# --- scheduler settings ----------------------------------------------------------------
+
+
+class SchedulerSettingsAdmin(admin.ModelAdmin):
+    """The scheduler's knobs, one row; saved through scheduler.rules.scheduler_settings_update (audited)."""
+
+    fields = ["fair_share_half_life_s", "default_max_runtime_s", "backfill"]
+    list_display = ["__str__", "fair_share_half_life_s", "default_max_runtime_s", "backfill", "updated_at"]
+
+    def has_add_permission(self, request):
+        return not SchedulerSettings.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        try:
+            scheduler_settings_update(
+                actor=request.user,
+                fair_share_half_life_s=obj.fair_share_half_life_s,
+                default_max_runtime_s=obj.default_max_runtime_s,
+                backfill=obj.backfill,
+            )
+        except RuleError as exc:
+            messages.error(request, f"Not saved: {exc}")
+
+
+_take_over(SchedulerSettings, SchedulerSettingsAdmin)

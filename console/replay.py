@@ -4,14 +4,15 @@ and the rules in force (or proposed). The simulation itself is console.whatif (p
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from decimal import Decimal
 
-from django.conf import settings
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from agents.models import Gpu
 from scheduler import placement
-from scheduler.models import MILLI_PER_GPU, JobMode, PriorityClass
+from scheduler.models import MILLI_PER_GPU, JobMode, PriorityClass, TenantShare
+from scheduler.passes import settings_get
 
 from . import selectors, whatif
 from .rules import ClassDraft, RuleSet
@@ -81,15 +82,19 @@ def ruleset_current() -> RuleSet:
     return RuleSet(classes=classes, weights=weights_current(), half_life_s=half_life_current_s())
 
 
-def weights_current() -> dict:
-    return {}
+@scopes_disabled()
+def weights_current() -> dict[str, Decimal]:
+    """Tenant slug -> fair-share weight, for tenants that have one set (the rest weigh 1)."""
+    return dict(TenantShare.objects.values_list("tenant__slug", "weight"))
 
 
 def half_life_current_s() -> int:
-    return 7 * 24 * 3600
+    return settings_get().fair_share_half_life_s
 
 
 def whatif_rules(rules: RuleSet) -> whatif.Rules:
+    """The rule set as the replay takes it; backfill and default runtime are the scheduler's settings."""
+    conf = settings_get()
     return whatif.Rules(
         classes={
             c.name: whatif.ClassRule(
@@ -103,8 +108,11 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
             for c in rules.classes
         },
         tenant_weights={slug: float(w) for slug, w in rules.weights.items()},
-        half_life_ms=rules.half_life_s * 1000,
-        default_max_runtime_ms=settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"] * 1000,
+        half_life_ms=max(1, rules.half_life_s) * 1000,
+        backfill=conf.backfill,
+        default_max_runtime_ms=conf.default_max_runtime_s * 1000,
+        # as scheduler.passes does: a stopping job's GPUs are expected back after the longest grace
+        preempt_grace_ms=max((c.grace_period_s for c in rules.classes), default=30) * 1000,
     )
 
 

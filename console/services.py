@@ -14,72 +14,52 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Plan, Tenant
 from accounts.services import audit_record
+from agents import services as agent_services
 from agents.models import Node
 from billing.models import Price
 from scheduler import services as scheduler_services
-from scheduler.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobEvent, JobState, PriorityClass
+from scheduler.models import TERMINAL_STATES, Job, JobEvent, JobState, PriorityClass
+from scheduler.rules import (
+    RuleError,
+    priority_class_create,
+    priority_class_update,
+    scheduler_settings_update,
+    tenant_weight_set,
+)
 
-from .rules import ClassDraft, RuleSet, rule_changes, rules_problems
+from .rules import ClassDraft, RuleSet, rules_problems
 
 
 class ConsoleError(Exception):
     """An operator request the rules refuse; the message says which rule."""
 
 
-# --- nodes -----------------------------------------------------------------
-
-_NODE_TARGET = {
-    "cordon": Node.State.CORDONED,
-    "drain": Node.State.DRAINING,
-    "uncordon": Node.State.UP,
-}
-_NODE_FROM = {
-    "cordon": {Node.State.UP, Node.State.DRAINING},
-    "drain": {Node.State.UP, Node.State.CORDONED},
-    "uncordon": {Node.State.CORDONED, Node.State.DRAINING},
-}
-
-
-@scopes_disabled()
-@transaction.atomic
-def _node_set(*, node: Node, actor, action: str, reason: str) -> Node:
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    if node.state not in _NODE_FROM[action]:
-        allowed = ", ".join(sorted(_NODE_FROM[action]))
-        raise ConsoleError(f"node {node.name} is {node.state}: {action} applies to a node that is {allowed}")
-    before = {"state": node.state, "state_reason": node.state_reason}
-    node.state = _NODE_TARGET[action]
-    who = getattr(actor, "username", "") or "the operator"
-    node.state_reason = "" if action == "uncordon" else reason or f"{action} by {who}"
-    if action == "drain" and not node.jobs.filter(state__in=ACTIVE_STATES).exists():
-        node.state = Node.State.CORDONED  # nothing to wait for
-    node.save(update_fields=["state", "state_reason"])
-    audit_record(
-        actor=actor,
-        tenant=None,
-        action=f"node.{action}",
-        target=node.name,
-        before=before,
-        after={"state": node.state, "state_reason": node.state_reason},
-    )
-    if action == "uncordon":
-        scheduler_services.schedule_soon()
-    return node
+# --- nodes ---------------------------------------------------------------------
+# The agents app owns node states (agents.services); these only turn its refusals into ConsoleError.
 
 
 def node_cordon(*, node: Node, actor, reason: str = "") -> Node:
     """No new jobs on the node; what runs there keeps running."""
-    return _node_set(node=node, actor=actor, action="cordon", reason=reason)
+    try:
+        return agent_services.node_cordon(node=node, actor=actor, reason=reason)
+    except agent_services.NodeStateError as exc:
+        raise ConsoleError(str(exc)) from None
 
 
 def node_drain(*, node: Node, actor, reason: str = "") -> Node:
     """No new jobs; the node becomes cordoned once its last job ends."""
-    return _node_set(node=node, actor=actor, action="drain", reason=reason)
+    try:
+        return agent_services.node_drain(node=node, actor=actor, reason=reason)
+    except agent_services.NodeStateError as exc:
+        raise ConsoleError(str(exc)) from None
 
 
 def node_uncordon(*, node: Node, actor, reason: str = "") -> Node:
     """Back in the pool: the next pass may place jobs there."""
-    return _node_set(node=node, actor=actor, action="uncordon", reason=reason)
+    try:
+        return agent_services.node_uncordon(node=node, actor=actor)
+    except agent_services.NodeStateError as exc:
+        raise ConsoleError(str(exc)) from None
 
 
 # --- jobs ------------------------------------------------------------------
@@ -132,58 +112,118 @@ def job_priority_change(*, job: Job, priority: PriorityClass, actor) -> Job:
 
 
 
-# --- priority rules ----------------------------------------------------------
+# --- priority rules ----------------------------------------------------------------
+# The scheduler owns the rules (scheduler.rules): each service there validates the whole rule
+# set as it would be after one change, and audits it. A draft that changes several classes at
+# once is applied in whatever order keeps every intermediate state valid.
+
+
+def _class_changes(old: ClassDraft | None, new: ClassDraft) -> dict:
+    """The fields of ``new`` that differ from ``old`` (all of them for a new class)."""
+    before = old.snapshot() if old else {}
+    return {name: value for name, value in new.snapshot().items() if before.get(name) != value}
+
+
+class _DryRun(Exception):
+    pass
 
 
 @transaction.atomic
 def rules_apply(*, current: RuleSet, proposed: RuleSet, actor) -> int:
-    """Write the proposed rules (after the operator saw their preview); one audit row per changed item."""
+    """Write the proposed rules (after the operator saw their preview): one audited change per item."""
     problems = rules_problems(proposed)
     if problems:
         raise ConsoleError("; ".join(problems))
-    changes = rule_changes(current, proposed)
-    by_name = {c.name: c for c in PriorityClass.objects.select_for_update().prefetch_related("may_preempt")}
     before = current.by_name()
-    for draft in proposed.classes:
-        if before.get(draft.name) == draft:
-            continue
-        priority_class = by_name.get(draft.name)
-        if priority_class is None:
-            raise ConsoleError(f"class {draft.name} no longer exists: reload the page")
-        priority_class_save(priority_class=priority_class, draft=draft, actor=actor)
-    return len(changes)
+    # Units of work: whole classes first (one audit row each); if they block each other (a default
+    # moving between classes, a rank rising past a class that still preempts it), split them into
+    # one unit per field, removals of may-preempt edges before additions.
+    pending: list[tuple[str, dict]] = [
+        (c.name, _class_changes(before.get(c.name), c)) for c in proposed.classes if before.get(c.name) != c
+    ]
+    split = False
+    applied = 0
+    while pending:
+        refused: list[tuple[str, dict, str]] = []
+        for name, changes in pending:
+            try:
+                with transaction.atomic():
+                    rules_class_write(name=name, changes=changes, create=name not in before, actor=actor)
+            except (RuleError, ConsoleError) as exc:
+                refused.append((name, changes, str(exc)))
+            else:
+                applied += 1
+        if len(refused) < len(pending):
+            pending = [(name, changes) for name, changes, _ in refused]
+        elif not split and any(name in before and len(changes) > 1 for name, changes, _ in refused):
+            split = True
+            pending = [unit for name, changes, _ in refused for unit in _field_units(name, changes, before)]
+        else:
+            raise ConsoleError("; ".join(f"class {name}: {reason}" for name, _, reason in refused))
+    tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=list(proposed.weights))}
+    for slug, weight in proposed.weights.items():
+        if Decimal(current.weights.get(slug, Decimal(1))) != Decimal(weight) and slug in tenants:
+            _rule_call(tenant_weight_set, actor=actor, tenant=tenants[slug], weight=weight)
+            applied += 1
+    if current.half_life_s != proposed.half_life_s:
+        _rule_call(scheduler_settings_update, actor=actor, fair_share_half_life_s=proposed.half_life_s)
+        applied += 1
+    return applied
 
 
-def _class_snapshot(priority_class: PriorityClass) -> dict:
-    return {
-        "rank": priority_class.rank,
-        "preemptible": priority_class.preemptible,
-        "may_preempt": sorted(p.name for p in priority_class.may_preempt.all()),
-        "min_runtime_s": priority_class.min_runtime_s,
-        "grace_period_s": priority_class.grace_period_s,
-        "price_multiplier": str(priority_class.price_multiplier),
-        "default_for_kind": priority_class.default_for_kind,
-    }
+def _rule_call(service, **kwargs):
+    try:
+        return service(**kwargs)
+    except RuleError as exc:
+        raise ConsoleError(str(exc)) from None
 
 
-@transaction.atomic
+def _field_units(name: str, changes: dict, before: dict[str, ClassDraft]) -> list[tuple[str, dict]]:
+    if name not in before:
+        return [(name, changes)]
+    units = []
+    if "may_preempt" in changes:
+        kept = sorted(set(changes["may_preempt"]) & before[name].may_preempt)
+        units.append((name, {"may_preempt": kept}))
+    units += [(name, {field: value}) for field, value in changes.items() if field != "may_preempt"]
+    if "may_preempt" in changes:
+        units.append((name, {"may_preempt": changes["may_preempt"]}))
+    return units
+
+
+def rules_class_write(*, name: str, changes: dict, create: bool, actor) -> PriorityClass:
+    """Create or change one class through the scheduler's services."""
+    if "price_multiplier" in changes:
+        changes = {**changes, "price_multiplier": Decimal(str(changes["price_multiplier"]))}
+    if create:
+        fields = dict(changes)
+        rank = fields.pop("rank")
+        return priority_class_create(actor=actor, name=name, rank=rank, **fields)
+    found = PriorityClass.objects.get(name=name)
+    return priority_class_update(actor=actor, priority_class=found, changes=changes)
+
+
+def rules_dry_run(*, current: RuleSet, proposed: RuleSet) -> list[str]:
+    """What the scheduler's own validation says of ``proposed``: applied in a savepoint, then rolled back."""
+    try:
+        with transaction.atomic():
+            rules_apply(current=current, proposed=proposed, actor=None)
+            raise _DryRun
+    except _DryRun:
+        return []
+    except ConsoleError as exc:
+        return [str(exc)]
+
+
 def priority_class_save(*, priority_class: PriorityClass | None, draft: ClassDraft, actor) -> PriorityClass:
-    """Create (``priority_class=None``) or update a class from a draft already checked by rules_problems."""
-    if priority_class is not None:  # the caller's instance may already carry the form's values: read the row
-        priority_class = PriorityClass.objects.select_for_update().get(pk=priority_class.pk)
-    before = _class_snapshot(priority_class) if priority_class else None
-    priority_class = priority_class or PriorityClass(name=draft.name)
-    priority_class.name = draft.name
-    for name in ("rank", "preemptible", "min_runtime_s", "grace_period_s", "price_multiplier", "default_for_kind"):
-        setattr(priority_class, name, getattr(draft, name))
-    priority_class.save()
-    priority_class.may_preempt.set(PriorityClass.objects.filter(name__in=draft.may_preempt))
-    audit_record(
-        actor=actor, tenant=None, action="priority_class.create" if before is None else "priority_class.update",
-        target=priority_class.name, before=before, after=_class_snapshot(priority_class),
-    )
-    scheduler_services.schedule_soon()
-    return priority_class
+    """Create (``priority_class=None``) or update a class from the admin's form."""
+    from . import replay
+
+    old = replay.ruleset_current().by_name().get(priority_class.name) if priority_class else None
+    try:
+        return rules_class_write(name=draft.name, changes=_class_changes(old, draft), create=old is None, actor=actor)
+    except RuleError as exc:
+        raise ConsoleError(str(exc)) from None
 
 
 # --- tenants, plans, prices --------------------------------------------------------

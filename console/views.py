@@ -148,7 +148,9 @@ def rules(request):
                 classes=tuple(f.draft() for f in classes.forms), weights=fair.weights(), half_life_s=fair.half_life_s()
             )
             context["changes"] = rule_changes(current, proposed)
-            context["problems"] = rules_problems(proposed)
+            context["problems"] = rules_problems(proposed) or services.rules_dry_run(
+                current=current, proposed=proposed
+            )
             if not context["problems"] and "_save" in request.POST:
                 try:
                     count = services.rules_apply(current=current, proposed=proposed, actor=request.user)

@@ -84,6 +84,7 @@ def test_drain_keeps_running_jobs_takes_no_new_ones_and_an_empty_node_is_cordone
     assert first.state == "scheduled" and first.node == node_a
     entry = AuditLog.objects.get(action="node.drain")
     assert entry.after["state"] == "draining"
+    staff_client.post(reverse("console:node-action", args=[node_b.pk, "uncordon"]))
     staff_client.post(reverse("console:node-action", args=[node_b.pk, "drain"]))
     node_b.refresh_from_db()
     assert node_b.state == Node.State.CORDONED  # nothing ran there: drained at once
@@ -91,8 +92,9 @@ def test_drain_keeps_running_jobs_takes_no_new_ones_and_an_empty_node_is_cordone
 
 def test_refused_transition_says_why_and_writes_nothing(staff_client, fleet):
     node = fleet[0]
-    response = staff_client.post(reverse("console:node-action", args=[node.pk, "uncordon"]), follow=True)
-    assert "Node node-a is up: uncordon applies to a node that is cordoned, draining" in response.content.decode()
+    Node.objects.filter(pk=node.pk).update(state=Node.State.DOWN)
+    response = staff_client.post(reverse("console:node-action", args=[node.pk, "drain"]), follow=True)
+    assert "Node node-a is down: only an up node can be drained" in response.content.decode()
     assert staff_client.post(reverse("console:node-action", args=[node.pk, "explode"])).status_code == 404
     assert staff_client.post(reverse("console:node-action", args=[99999, "cordon"])).status_code == 404
     assert not AuditLog.objects.exists()

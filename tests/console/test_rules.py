@@ -72,7 +72,7 @@ def form_data(**overrides) -> dict:
         for key, value in row.items():
             data[f"cls-{i}-{key}"] = value
         for key, value in overrides.items():
-            name, field = key.split("-", 1)
+            name, _, field = key.partition("-")
             if name == c.name:
                 data[f"cls-{i}-{field}"] = value
     for key, value in overrides.items():
@@ -118,3 +118,49 @@ def test_save_writes_the_rules_and_an_audit_row_per_class(staff_client, operator
     assert (entry.before["rank"], entry.after["rank"]) == (100, 150)
     assert (entry.before["grace_period_s"], entry.after["grace_period_s"]) == (30, 5)
     assert entry.after["price_multiplier"] == str(Decimal("0.600"))
+
+
+def test_one_save_can_move_a_default_and_reorder_classes_in_the_order_the_scheduler_accepts(staff_client, rules):
+    # Move 'training' default from standard to preemptible, lift preemptible above standard and drop the
+    # standard -> preemptible edge: each alone would be refused by the scheduler in some order.
+    standard = PriorityClass.objects.get(name="standard")
+    body = form_data(**{
+        "preemptible-rank": 250, "preemptible-default_for_kind": "training",
+        "standard-default_for_kind": "", "standard-may_preempt": [],
+    })
+    response = staff_client.post(reverse("console:rules"), {**body, "_save": "1"})
+    assert response.status_code == 302, response.context["problems"]
+    preemptible = PriorityClass.objects.get(name="preemptible")
+    standard.refresh_from_db()
+    assert (preemptible.rank, preemptible.default_for_kind) == (250, "training")
+    assert standard.default_for_kind == "" and not standard.may_preempt.exists()
+    entries = AuditLog.objects.filter(action="priority_class.update").order_by("id")
+    assert {e.target for e in entries} == {"standard", "preemptible"}
+    last = {e.target: e.after for e in entries}  # the audit trail ends at the saved rules
+    assert (last["preemptible"]["rank"], last["preemptible"]["default_for_kind"]) == (250, "training")
+    assert (last["standard"]["default_for_kind"], last["standard"]["may_preempt"]) == ("", [])
+    assert all(e.before != e.after for e in entries)
+
+
+def test_weights_and_half_life_are_saved_through_the_scheduler_and_audited(staff_client, operator, rules, tenant):
+    from scheduler.models import TenantShare
+    from scheduler.passes import settings_get
+
+    body = form_data(**{f"weight__{tenant.slug}": "3", "half_life_hours": "24"})
+    response = staff_client.post(reverse("console:rules"), {**body, "_preview": "1"})
+    assert [(c.what, c.field) for c in response.context["changes"]] == [
+        (f"tenant {tenant.slug}", "weight"), ("fair share", "half_life_s")
+    ]
+    response = staff_client.post(reverse("console:rules"), {**body, "_save": "1"})
+    assert response.status_code == 302
+    from django_scopes import scopes_disabled
+
+    with scopes_disabled():
+        assert TenantShare.objects.get(tenant=tenant).weight == Decimal("3.000")
+    assert settings_get().fair_share_half_life_s == 24 * 3600
+    weight_entry = AuditLog.objects.get(action="scheduler.tenant_weight")
+    assert weight_entry.actor == operator and weight_entry.after == {"weight": "3.000"}
+    assert AuditLog.objects.get(action="scheduler.settings").after["fair_share_half_life_s"] == 86400
+    # The page now shows what is in force.
+    page = staff_client.get(reverse("console:rules"))
+    assert page.context["fair"].initial[f"weight__{tenant.slug}"] == Decimal("3.000")
