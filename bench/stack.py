@@ -43,6 +43,8 @@ class StackConfig:
     window_s: float = 1.0
     heartbeat_s: float = 1.0
     node: str = "bench-node"
+    # Extra environment for every platform process (GPUSHARE_* knobs a chaos case needs).
+    extra_env: dict = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -69,6 +71,7 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
         "CELERY_WORKER_PREFETCH_MULTIPLIER": str(config.worker_prefetch),
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
+        **config.extra_env,
     }
 
 
@@ -86,8 +89,8 @@ def database_recreate(database_url: str) -> None:
 
     url = urlparse(database_url)
     name = url.path.lstrip("/")
-    if not name.endswith("bench") and "bench" not in name:
-        raise StackError(f"refusing to drop database {name!r}: the bench database's name must contain 'bench'")
+    if "bench" not in name and "chaos" not in name:
+        raise StackError(f"refusing to drop database {name!r}: its name must contain 'bench' or 'chaos'")
     conn = psycopg2.connect(
         host=url.hostname or "127.0.0.1", port=url.port or 5432, user=url.username or "postgres",
         password=url.password, dbname="postgres",

@@ -1,0 +1,493 @@
+"""The fault-injection cases. Each starts a fresh platform stack (bench.stack)
+on its own database, injects one fault, and checks what must still hold.
+
+A case returns a CaseResult: passed or not, with the figures it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import psutil
+
+from bench.stack import DEFAULT_REDIS_URL, Stack, StackConfig
+
+CHAOS_DATABASE_URL = os.environ.get("CHAOS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpushare_chaos")
+CHAOS_REDIS_URL = os.environ.get("CHAOS_REDIS_URL", DEFAULT_REDIS_URL)
+
+
+@dataclass
+class CaseResult:
+    name: str
+    passed: bool
+    figures: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+    error: str = ""
+
+
+class Checks:
+    """Named boolean checks; the case passes when all hold."""
+
+    def __init__(self):
+        self.results: dict[str, bool] = {}
+
+    def __call__(self, name: str, ok: bool) -> bool:
+        self.results[name] = bool(ok)
+        return bool(ok)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(self.results.values())
+
+
+def stack_start(ctx, name: str, *, gpus: str = "sim:4xH100-80GB", env: dict | None = None, agent: bool = True,
+                agent_kwargs: dict | None = None) -> Stack:
+    from django.db import connections
+
+    connections.close_all()  # the database is about to be dropped and created again
+    config = StackConfig(database_url=CHAOS_DATABASE_URL, redis_url=CHAOS_REDIS_URL, gpus=gpus,
+                         extra_env=dict(env or {}))
+    stack = Stack(ctx.workdir / name, config)
+    ctx.stacks.append(stack)
+    stack.prepare()
+    from scheduler.models import PriorityClass
+
+    PriorityClass.objects.update(grace_period_s=2)  # cancelled jobs get 2 s before SIGKILL
+    stack.worker_start()
+    stack.web_start()
+    if agent:
+        stack.agent_start(**(agent_kwargs or {}))
+    return stack
+
+
+def submit(stack, body: dict, session=None) -> int:
+    s = session or stack.session()
+    r = s.post(f"{stack.url}/api/v1/jobs/", json=body, timeout=30)
+    if r.status_code != 201:
+        raise RuntimeError(f"submit answered {r.status_code}: {r.text[:300]}")
+    return r.json()["id"]
+
+
+def sleep_job(marker: int, gpus=1) -> dict:
+    kind = "training" if gpus >= 1 else "inference"
+    return {"kind": kind, "gpus": gpus, "command": ["sleep", str(marker)]}
+
+
+def states(ids) -> dict[int, str]:
+    from django_scopes import scopes_disabled
+
+    from scheduler.models import Job
+
+    with scopes_disabled():
+        return dict(Job.objects.filter(pk__in=ids).values_list("pk", "state"))
+
+
+def wait_states(stack, ids, wanted: set[str], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    stack.wait(lambda: all(s in wanted for s in states(ids).values()), timeout, what)
+    return time.monotonic() - start
+
+
+TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def eventually(stack, predicate, timeout: float, what: str) -> bool:
+    """Like stack.wait, but answers False instead of raising when time runs out."""
+    try:
+        stack.wait(predicate, timeout, what)
+    except Exception:  # noqa: BLE001 - the caller records the failed check
+        return False
+    return True
+
+
+def cancel_all(stack, ids) -> None:
+    s = stack.session()
+    for job_id in ids:
+        s.post(f"{stack.url}/api/v1/jobs/{job_id}/cancel/", timeout=30)
+
+
+def marker_processes(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and "python" not in cmd:
+            out.append(p)
+    return out
+
+
+def windows_of(job_ids) -> list[tuple]:
+    from django_scopes import scopes_disabled
+
+    from billing.models import UsageWindow
+
+    with scopes_disabled():
+        return list(
+            UsageWindow.objects.filter(job_id__in=job_ids)
+            .order_by("job_id", "attempt", "seq")
+            .values_list("job_id", "attempt", "seq", "start_ms", "end_ms", "amount")
+        )
+
+
+def costs_consistent(job_ids) -> bool:
+    """Each job's running total equals the sum of its stored windows (nothing charged twice)."""
+    from decimal import Decimal
+
+    from django_scopes import scopes_disabled
+
+    from scheduler.models import Job
+
+    sums: dict[int, Decimal] = {}
+    for job_id, _a, _s, _st, _e, amount in windows_of(job_ids):
+        sums[job_id] = sums.get(job_id, Decimal(0)) + amount
+    with scopes_disabled():
+        return all(job.cost == sums.get(job.pk, Decimal(0)) for job in Job.objects.filter(pk__in=job_ids))
+
+
+def gpu_sharing_ok() -> tuple[bool, int]:
+    """No GPU over-committed: live shares <= 1000 thousandths, never dedicated and sliced at once."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT gpu_id, SUM(share_milli), COUNT(*) FILTER (WHERE share_milli = 1000), COUNT(*) "
+            "FROM scheduler_allocation WHERE released_at IS NULL GROUP BY gpu_id"
+        )
+        rows = cur.fetchall()
+    bad = [r for r in rows if r[1] > 1000 or (r[2] and r[3] > 1)]
+    return not bad, len(rows)
+
+
+# --- the cases -----------------------------------------------------------------
+
+
+def agent_kill9(ctx) -> CaseResult:
+    """kill -9 the agent while jobs run: lost within the heartbeat timeout, GPUs freed,
+    billing stops at the last window, and a restarted agent reconciles."""
+    hb, missed, check_every = 1, 3, 5
+    stack = stack_start(ctx, "agent-kill9", env={"GPUSHARE_HEARTBEAT_INTERVAL_S": str(hb),
+                                                 "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(missed)})
+    from django_scopes import scopes_disabled
+
+    from scheduler.models import Allocation, JobEvent
+
+    c, f = Checks(), {}
+    marker = 6007
+    ids = [submit(stack, sleep_job(marker)) for _ in range(4)]
+    wait_states(stack, ids, {"running"}, 60, "4 jobs running")
+    time.sleep(3)
+    agent = stack.procs["agent"]
+    kill_ms = int(time.time() * 1000)
+    os.kill(agent.proc.pid, signal.SIGKILL)  # the agent process only, as a crash: its jobs live on
+    agent.proc.wait(timeout=10)
+    bound = hb * missed + check_every + 5
+    with scopes_disabled():
+        def all_lost():
+            return JobEvent.objects.filter(job_id__in=ids, to_state="lost").values("job_id").distinct().count() == 4
+
+        eventually(stack, all_lost, bound + 30, "jobs marked lost")
+        f["lost_after_s"] = (time.time() * 1000 - kill_ms) / 1000
+        c("jobs lost within the heartbeat timeout", all_lost() and f["lost_after_s"] <= bound)
+        f["bound_s"] = bound
+        c("GPUs freed", Allocation.objects.filter(job_id__in=ids, released_at__isnull=True).count() == 0)
+    time.sleep(2)
+    last_end = max((w[4] for w in windows_of(ids) if w[1] == 1), default=0)
+    f["billed_after_kill_ms"] = last_end - kill_ms
+    c("billing stops at the last window", last_end <= kill_ms + 2000)
+    f["orphans_before_restart"] = len(marker_processes(f"sleep {marker}"))
+    stack.agent_start(name="agent-restarted")
+    try:
+        wait_states(stack, ids, {"running"}, 60, "requeued jobs running again")
+        c("requeued jobs run again after restart", True)
+    except Exception:  # noqa: BLE001
+        c("requeued jobs run again after restart", False)
+    time.sleep(1)
+    f["job_processes_after_restart"] = len(marker_processes(f"sleep {marker}"))
+    c("restart killed the orphans (one process per job)", f["job_processes_after_restart"] == 4)
+    last_end_after = max((w[4] for w in windows_of(ids) if w[1] == 1), default=0)
+    c("no attempt-1 window after the crash", last_end_after <= kill_ms + 2000)
+    ok, _ = gpu_sharing_ok()
+    c("no GPU double-allocated", ok)
+    cancel_all(stack, ids)
+    wait_states(stack, ids, TERMINAL, 60, "jobs cancelled")
+    time.sleep(2)
+    c("job totals equal their windows", costs_consistent(ids))
+    return CaseResult("agent kill -9", c.passed, f, c.results)
+
+
+def broker_cut(ctx) -> CaseResult:
+    """Cut the agent's broker link (a TCP proxy in front of Redis) while jobs run:
+    no usage window lost or doubled, jobs keep running, the platform catches up."""
+    from .proxy import CuttableProxy
+
+    cut_s = 20 if ctx.quick else 60
+    # The node must not be declared down during the cut: heartbeats 1 s, down after cut + 40 s.
+    stack = stack_start(ctx, "broker-cut", agent=False,
+                        env={"GPUSHARE_HEARTBEAT_INTERVAL_S": "1", "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(cut_s + 40)})
+    url = urlparse(stack.config.redis_url)
+    proxy = CuttableProxy(url.hostname or "127.0.0.1", url.port or 6379)
+    c, f = Checks(), {"cut_s": cut_s}
+    try:
+        stack.agent_start(broker_url=f"redis://127.0.0.1:{proxy.port}{url.path}")
+        ids = [submit(stack, sleep_job(6008)) for _ in range(2)]
+        wait_states(stack, ids, {"running"}, 60, "jobs running")
+        time.sleep(3)
+        before = len(windows_of(ids))
+        proxy.cut()
+        t_cut = time.monotonic()
+        time.sleep(cut_s)
+        during = len(windows_of(ids))
+        proxy.restore()
+        f["refused_connects"] = proxy.refused
+        f["windows_before_cut"], f["windows_arrived_during_cut"] = before, during - before
+        c("jobs kept running through the cut", set(states(ids).values()) == {"running"})
+        # Catch up: one window per job per second of the run must arrive.
+        expected = lambda: 2 * int(time.monotonic() - t_cut + 3)  # noqa: E731
+
+        t_restore = time.monotonic()
+        try:
+            stack.wait(lambda: len(windows_of(ids)) >= expected() - 4, 60, "windows to catch up")
+            f["catch_up_s"] = time.monotonic() - t_restore
+        except Exception:  # noqa: BLE001
+            f["catch_up_s"] = None
+        cancel_all(stack, ids)
+        wait_states(stack, ids, TERMINAL, 60, "jobs cancelled")
+        time.sleep(3)
+        rows = windows_of(ids)
+        f["windows"] = len(rows)
+        from django_scopes import scopes_disabled
+
+        from scheduler.models import Job
+
+        with scopes_disabled():
+            jobs = {j.pk: j for j in Job.objects.filter(pk__in=ids)}
+        tiled = True
+        for job_id in ids:
+            mine = [w for w in rows if w[0] == job_id]
+            seqs = [w[2] for w in mine]
+            job = jobs[job_id]
+            tiled &= seqs == list(range(len(mine)))
+            tiled &= all(a[4] == b[3] for a, b in zip(mine, mine[1:], strict=False))
+            held = mine[-1][4] - mine[0][3] if mine else 0
+            run_ms = round((job.finished_at - job.started_at).total_seconds() * 1000) if job.finished_at else -1
+            tiled &= held == run_ms
+        c("every window once: no gap, no overlap, covering the whole run", tiled)
+        c("platform caught up after the link came back", f["catch_up_s"] is not None)
+        c("job totals equal their windows", costs_consistent(ids))
+    finally:
+        proxy.close()
+    return CaseResult("broker link cut", c.passed, f, c.results)
+
+
+def worker_kill_ingest(ctx) -> CaseResult:
+    """kill -9 the Celery worker while it ingests usage: every window stored once, charged once."""
+    from bench.fixtures import finished_jobs_create
+    from bench.ingest import stored, windows_for
+    from gpushare.celery import app
+
+    stack = stack_start(ctx, "worker-kill-ingest")
+    c, f = Checks(), {}
+    job_ids = finished_jobs_create(tenant_id=stack.tenant_id, node_name=stack.config.node, count=20)
+    per_job = 500 if ctx.quick else 1000
+    messages = windows_for(job_ids, per_job, int(time.time() * 1000) - per_job * 1000 - 60_000)
+    total = len(job_ids) * per_job
+    creds = {"node": stack.config.node, "token": stack.node_token}
+    for windows in messages:
+        app.send_task("agents.usage", kwargs={**creds, "windows": windows}, queue="platform")
+    stack.wait(lambda: stored(job_ids) >= total // 5, 120, "ingest under way")
+    f["stored_at_kill"] = stored(job_ids)
+    stack.procs["worker"].kill()
+    stack.worker_start("worker2")
+    t0 = time.monotonic()
+    try:
+        stack.wait(lambda: stored(job_ids) >= total, 120, "every window stored")
+        f["recovered_s"] = time.monotonic() - t0
+    except Exception:  # noqa: BLE001
+        f["recovered_s"] = None
+    f["stored"], f["expected"] = stored(job_ids), total
+    c("no window lost", f["stored"] == total)
+    c("no window stored twice", f["stored"] <= total)
+    c("job totals equal their windows (no double charge)", costs_consistent(job_ids))
+    return CaseResult("worker kill -9 during ingest", c.passed, f, c.results)
+
+
+def worker_kill_pass(ctx) -> CaseResult:
+    """kill -9 the Celery worker during a scheduling pass: no double placement, nothing stuck."""
+    from bench.workload import api_body, workload
+
+    stack = stack_start(ctx, "worker-kill-pass", gpus="sim:8xH100-80GB")
+    c, f = Checks(), {}
+    stack.node_state_set("cordoned")
+    session = stack.session()
+    n = 60 if ctx.quick else 150
+    ids = [submit(stack, api_body(milli, "sleep 1"), session) for milli in workload(n)]
+    violations = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            ok, _ = gpu_sharing_ok()
+            if not ok:
+                violations.append(time.monotonic())
+            time.sleep(0.2)
+
+    from django.db import connections
+
+    watcher = threading.Thread(target=lambda: (watch(), connections.close_all()), daemon=True)
+    watcher.start()
+    stack.node_state_set("up")
+    stack.schedule_pass_request()
+    time.sleep(0.3)
+    stack.procs["worker"].kill()
+    f["placed_at_kill"] = sum(1 for s in states(ids).values() if s != "queued")
+    stack.worker_start("worker2")
+    t0 = time.monotonic()
+    try:
+        stack.wait(lambda: all(s in TERMINAL for s in states(ids).values()), 240, "every job finished")
+        f["all_finished_s"] = time.monotonic() - t0
+    except Exception:  # noqa: BLE001
+        f["all_finished_s"] = None
+    stop.set()
+    watcher.join(timeout=5)
+    final = states(ids)
+    f["stuck"] = {s: n for s in ("queued", "scheduled", "running") if (n := list(final.values()).count(s))}
+    f["succeeded"] = list(final.values()).count("succeeded")
+    c("no GPU ever over-committed", not violations)
+    c("every job finished (none stuck scheduled)", f["all_finished_s"] is not None)
+    c("every job succeeded once", f["succeeded"] == len(ids))
+    return CaseResult("worker kill -9 during a pass", c.passed, f, c.results)
+
+
+def db_connections_killed(ctx) -> CaseResult:
+    """pg_terminate_backend on every platform connection: web and workers recover unaided.
+
+    (A PostgreSQL restart is not allowed on this shared machine; killing the
+    platform's connections is what web and workers see of one.)
+    """
+    from django.db import connection
+
+    stack = stack_start(ctx, "db-connections-killed")
+    c, f = Checks(), {}
+    session = stack.session()
+    submit(stack, {"kind": "training", "gpus": 1, "command": ["true"]}, session)
+    time.sleep(2)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        f["connections_killed"] = cur.fetchone()[0]
+    statuses = [session.get(f"{stack.url}/api/v1/jobs/", timeout=30).status_code for _ in range(20)]
+    f["errors_after_kill"] = sum(1 for s in statuses if s >= 500)
+    t0 = time.monotonic()
+    job = submit(stack, {"kind": "training", "gpus": 1, "command": ["true"]}, session)
+    try:
+        wait_states(stack, [job], {"succeeded"}, 60, "a job submitted after the kill to succeed")
+        f["job_after_kill_s"] = time.monotonic() - t0
+    except Exception:  # noqa: BLE001
+        f["job_after_kill_s"] = None
+    c("the API answers without a server error", f["errors_after_kill"] == 0)
+    c("a job submitted after the kill runs to success", f["job_after_kill_s"] is not None)
+    return CaseResult("DB connections killed", c.passed, f, c.results)
+
+
+def quota_burst(ctx) -> CaseResult:
+    """100 concurrent submits against a tenant quota of 10 GPUs: never more than 10 held."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django_scopes import scopes_disabled
+
+    stack = stack_start(ctx, "quota-burst", gpus="sim:16xH100-80GB")
+    c, f = Checks(), {}
+    try:
+        from accounts.models import TenantQuota
+    except ImportError:
+        return CaseResult("quota burst", False, {}, {}, "accounts.models.TenantQuota is missing")
+    with scopes_disabled():
+        TenantQuota.objects.update_or_create(tenant_id=stack.tenant_id, defaults={"max_dedicated_gpus": 10})
+    held_max = 0
+    stop = threading.Event()
+    from django.db import connection, connections
+
+    def held() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM scheduler_allocation WHERE released_at IS NULL AND share_milli = 1000 "
+                        "AND tenant_id = %s", [stack.tenant_id])
+            return cur.fetchone()[0]
+
+    def watch():
+        nonlocal held_max
+        while not stop.is_set():
+            held_max = max(held_max, held())
+            time.sleep(0.1)
+        connections.close_all()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    body = {"kind": "training", "gpus": 1, "command": ["sleep", "3"]}
+
+    def one(_):
+        s = stack.session()
+        return s.post(f"{stack.url}/api/v1/jobs/", json=body, timeout=60).status_code
+
+    with ThreadPoolExecutor(20) as pool:
+        codes = list(pool.map(one, range(100)))
+    f["accepted"] = codes.count(201)
+    f["refused_4xx"] = sum(1 for x in codes if 400 <= x < 500)
+    f["server_errors"] = sum(1 for x in codes if x >= 500)
+    time.sleep(15 if ctx.quick else 25)
+    stop.set()
+    watcher.join(timeout=5)
+    f["held_max"] = held_max
+    c("never more than 10 GPUs held", held_max <= 10)
+    c("the quota was reached (the check is not vacuous)", held_max >= 10)
+    c("no server error", f["server_errors"] == 0)
+    return CaseResult("100 submits vs quota 10", c.passed, f, c.results)
+
+
+def job_containment(ctx) -> CaseResult:
+    """A job that forks children, one that ignores SIGTERM, one that fills its log: contained."""
+    stack = stack_start(ctx, "containment", agent_kwargs={"extra": ("--log-cap-mb", "1")})
+    c, f = Checks(), {}
+    jobs = {
+        "forks": ["sh", "-c", "sleep 6009 & sleep 6009 & (sleep 6009 &) ; sleep 6009"],
+        "ignores_sigterm": ["sh", "-c", "trap '' TERM; sleep 6009 & sleep 6009; wait"],
+        "fills_log": ["sh", "-c", "yes chaos-log-fill-6009"],
+    }
+    ids = {name: submit(stack, {"kind": "training", "gpus": 1, "command": cmd}) for name, cmd in jobs.items()}
+    wait_states(stack, list(ids.values()), {"running"}, 60, "the 3 jobs running")
+    time.sleep(4)
+    f["processes_while_running"] = len(marker_processes("6009"))
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT COALESCE(SUM(length(data)), 0) FROM scheduler_joblogchunk WHERE job_id = %s",
+                    [ids["fills_log"]])
+        f["log_bytes_stored"] = cur.fetchone()[0]
+    cancel_all(stack, ids.values())
+    t0 = time.monotonic()
+    try:
+        wait_states(stack, list(ids.values()), TERMINAL, 40, "the 3 jobs to end")
+        f["ended_after_cancel_s"] = time.monotonic() - t0
+    except Exception:  # noqa: BLE001
+        f["ended_after_cancel_s"] = None
+    time.sleep(1)
+    f["processes_left"] = len(marker_processes("6009"))
+    c("log capped at 1 MiB (+ one chunk)", f["log_bytes_stored"] <= (1 << 20) + 65536 * 2)
+    c("all 3 jobs ended after cancel (SIGKILL after the grace period)", f["ended_after_cancel_s"] is not None)
+    c("no process of them left (children included)", f["processes_left"] == 0)
+    c("the agent survived", stack.procs["agent"].alive)
+    return CaseResult("fork / ignore SIGTERM / log flood", c.passed, f, c.results)
+
+
+CASES = {
+    "agent-kill9": agent_kill9,
+    "broker-cut": broker_cut,
+    "worker-kill-ingest": worker_kill_ingest,
+    "worker-kill-pass": worker_kill_pass,
+    "db-connections": db_connections_killed,
+    "quota-burst": quota_burst,
+    "containment": job_containment,
+}

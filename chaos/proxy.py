@@ -1,0 +1,82 @@
+"""A TCP proxy that can cut its link: the agent talks to Redis through it.
+
+``cut()`` drops every open connection and refuses new ones (accepted, then
+closed at once) until ``restore()``; the shared Redis server is never touched.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class CuttableProxy:
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        self.is_cut = False
+        self.connections = 0
+        self.refused = 0
+        self.running = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while self.running:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                if self.is_cut:
+                    self.refused += 1
+                    client.close()
+                    continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self.lock:
+                self.open |= {client, upstream}
+                self.connections += 1
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                self._close(s)
+
+    def _close(self, s: socket.socket) -> None:
+        with self.lock:
+            self.open.discard(s)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def cut(self) -> None:
+        with self.lock:
+            self.is_cut = True
+            victims = list(self.open)
+        for s in victims:
+            self._close(s)
+
+    def restore(self) -> None:
+        with self.lock:
+            self.is_cut = False
+
+    def close(self) -> None:
+        self.running = False
+        self.cut()
+        self.listener.close()
