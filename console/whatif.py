@@ -267,7 +267,11 @@ def simulate(
         decided = placement.plan(
             fleet_copy(nodes),
             [_request(j, rules) for j in queue.values()],
-            running=[_running(run, rules) for run in running.values()],
+            # newest submission first, as scheduler.passes lists them (the core breaks ties by this order)
+            running=[
+                _running(run, rules)
+                for run in sorted(running.values(), key=lambda r: (-r.job.submitted_ms, -r.job.job_id))
+            ],
             policy=policy_for(rules, now_ms=now, usage=usage),
         )
         for decision in decided.placements:

@@ -63,42 +63,57 @@ def dt(at_ms: int) -> datetime:
 def run_real_scheduler(history: list[Submission], *, start: datetime, tenants: dict) -> list[Job]:
     """Submit ``history`` at its instants through the real services; jobs run exactly their run time.
 
-    Returns the jobs in submission order, with submitted_at / started_at / finished_at as recorded.
+    The agent is played by the test: a placed job starts at once, exits after its run time, and a job
+    asked to stop for preemption exits when its class's grace period ends. Returns the jobs in
+    submission order, as recorded.
     """
     clock = [ms(start)]
     users = {slug: member_add(t) for slug, t in tenants.items()}
-    ARRIVE, FINISH = 1, 0  # finishes first at an instant, as in the replay
-    events = [(ms(start) + s.at_min * MIN, ARRIVE, i) for i, s in enumerate(history)]
+    FINISH, STOP, ARRIVE = 0, 1, 2  # at one instant: exits first, then arrivals, then a pass
+    events = [(ms(start) + s.at_min * MIN, ARRIVE, i, 0) for i, s in enumerate(history)]
     heapq.heapify(events)
     jobs: dict[int, Job] = {}
-    started: set[int] = set()
+    seen: set[tuple[int, int, str]] = set()  # (index, attempt, what) already handled
     with mock.patch("django.utils.timezone.now", lambda: dt(clock[0])), scopes_disabled():
         while events:
             now = events[0][0]
             clock[0] = now
             while events and events[0][0] == now:
-                _, kind, i = heapq.heappop(events)
+                _, kind, i, attempt = heapq.heappop(events)
                 if kind == ARRIVE:
                     s = history[i]
                     spec = scheduler_services.JobSpec(
                         kind="training", gpu_milli=1000, command=["true"], priority=s.priority, max_runtime_s=3600
                     )
                     jobs[i] = scheduler_services.job_submit(tenant=tenants[s.tenant], user=users[s.tenant], spec=spec)
-                else:
-                    job = Job.objects.select_related("node").get(pk=jobs[i].pk)
+                    continue
+                job = Job.objects.select_related("node").get(pk=jobs[i].pk)
+                if job.attempt == attempt and job.state in (JobState.SCHEDULED, JobState.RUNNING):
                     scheduler_services.job_exited(
-                        node=job.node, job_id=job.pk, attempt=job.attempt, exit_code=0, at_ms=now
+                        node=job.node, job_id=job.pk, attempt=attempt, exit_code=0 if kind == FINISH else -15,
+                        at_ms=now,
                     )
             scheduler_services.schedule_pass()
             for i, job in jobs.items():
-                if i in started:
-                    continue
-                fresh = Job.objects.select_related("node").get(pk=job.pk)
-                if fresh.state == JobState.SCHEDULED:
+                fresh = Job.objects.select_related("node", "priority").get(pk=job.pk)
+                if fresh.state == JobState.SCHEDULED and (i, fresh.attempt, "start") not in seen:
+                    seen.add((i, fresh.attempt, "start"))
                     scheduler_services.job_started(node=fresh.node, job_id=fresh.pk, attempt=fresh.attempt, at_ms=now)
-                    started.add(i)
-                    heapq.heappush(events, (now + history[i].run_min * MIN, FINISH, i))
+                    heapq.heappush(events, (now + history[i].run_min * MIN, FINISH, i, fresh.attempt))
+                if fresh.stop_requested == "preempt" and (i, fresh.attempt, "stop") not in seen:
+                    seen.add((i, fresh.attempt, "stop"))
+                    heapq.heappush(events, (now + fresh.priority.grace_period_s * 1000, STOP, i, fresh.attempt))
         return [Job.objects.get(pk=jobs[i].pk) for i in range(len(history))]
+
+
+def first_waits_min(jobs: list[Job]) -> list[float]:
+    """Minutes from submission to first start, from each job's timeline."""
+    out = []
+    with scopes_disabled():
+        for job in jobs:
+            first = job.events.filter(to_state=JobState.RUNNING).order_by("at", "id").first()
+            out.append((first.at - job.submitted_at).total_seconds() / 60)
+    return out
 
 
 def waits_min(jobs: list[Job]) -> list[float]:
@@ -185,3 +200,47 @@ def test_whatif_history_reads_runtime_or_max_runtime(db, rules):
     assert history[1].run_ms == 3600 * 1000 and history[1].tenant == "bravo" and not history[1].shared
     assert isinstance(whatif.simulate(history=history, nodes=replay.fleet_now(), rules=replay.whatif_rules(
         replay.ruleset_current())), whatif.Replay)
+
+
+# B runs long jobs in 'preemptible'; A's 'standard' jobs may preempt them (seeded rules: min runtime 60 s,
+# grace 30 s); a preempted job goes back to the queue and runs again in full.
+PREEMPTION_HISTORY = [
+    Submission(0, "bravo", "preemptible", 60),
+    Submission(0, "bravo", "preemptible", 60),
+    Submission(5, "alpha", "standard", 10),
+    Submission(20, "alpha", "standard", 5),
+    Submission(21, "alpha", "standard", 5),
+]
+
+
+def test_preemptions_in_the_replay_match_the_real_scheduler(db, rules, operator):
+    node_with_gpus("solo", ("H100-80GB", "H100-80GB"))
+    tenants = {"alpha": TenantFactory(slug="alpha"), "bravo": TenantFactory(slug="bravo")}
+    recorded = run_real_scheduler(PREEMPTION_HISTORY, start=T0, tenants=tenants)
+    assert all(j.state == JobState.SUCCEEDED for j in recorded)
+    real_preemptions = [j.preemption_count for j in recorded]
+    assert sum(real_preemptions) >= 2  # the real scheduler did preempt bravo
+
+    current = replay.ruleset_current()
+    no_preemption = type(current)(
+        classes=tuple(
+            ClassDraft(**{**c.__dict__, "may_preempt": frozenset()}) if c.name == "standard" else c
+            for c in current.classes
+        ),
+        weights=current.weights, half_life_s=current.half_life_s,
+    )
+    comparison = replay.preview(proposed=no_preemption, hours=2, end=T0 + timedelta(hours=2))
+    before = comparison.before.outcomes
+    assert [before[j.pk].preemptions for j in recorded] == real_preemptions
+    assert [before[j.pk].wait_ms / MIN for j in recorded] == first_waits_min(recorded)
+    rows = {(r.group, r.name): r for r in comparison.rows}
+    assert rows[("tenant", "bravo")].after.preemptions == 0
+    assert rows[("tenant", "bravo")].before.preemptions == sum(real_preemptions)
+    assert rows[("tenant", "alpha")].after.mean_wait_s > rows[("tenant", "alpha")].before.mean_wait_s
+    # Preempted work is redone: bravo held more GPU-hours with preemption than without.
+    assert rows[("tenant", "bravo")].before.gpu_hours > rows[("tenant", "bravo")].after.gpu_hours
+
+    services.rules_apply(current=current, proposed=no_preemption, actor=operator)
+    later = run_real_scheduler(PREEMPTION_HISTORY, start=T0 + timedelta(days=1), tenants=tenants)
+    assert [j.preemption_count for j in later] == [0] * len(PREEMPTION_HISTORY)
+    assert first_waits_min(later) == [comparison.after.outcomes[j.pk].wait_ms / MIN for j in recorded]
