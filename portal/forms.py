@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shlex
+from decimal import Decimal, InvalidOperation
 
 from django import forms
+from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from accounts.services import ALL_SCOPES, DEFAULT_SCOPES
 from scheduler import services
@@ -32,7 +34,7 @@ class JobSubmitForm(forms.Form):
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
     command = forms.CharField(
         label="Command",
-        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
         help_text="Split like a shell would: python train.py --epochs 3",
     )
     image = forms.CharField(required=False, label="Container image")
@@ -59,6 +61,9 @@ class JobSubmitForm(forms.Form):
         ]
         self.api_body: dict = {}
         self.validated: dict | None = None
+        self.mode: str | None = None
+        self.gpu_milli: int | None = None
+        self.priority_class = None
 
     # Choice fields would reject an unknown value with Django's wording; the API
     # decides instead, so its message is the one shown.
@@ -75,10 +80,28 @@ class JobSubmitForm(forms.Form):
                 errors.setdefault(key if key in self.fields else None, []).extend(str(m) for m in _flat(messages))
         else:
             self.validated = serializer.validated_data
+        self._rules_check(serializer, errors)
         for key, messages in errors.items():
             for message in messages:
                 self.add_error(key, message)
         return self.cleaned_data
+
+    def _rules_check(self, serializer: JobCreateSerializer, errors: dict) -> None:
+        """The request rules job_submit applies first (slice sizes, whole GPUs for
+        training, a known priority class), checked as soon as kind and gpus are
+        valid so typing shows them; they also give the mode for the estimate."""
+        try:
+            kind = serializer.fields["kind"].run_validation(self.api_body.get("kind"))
+            self.gpu_milli = serializer.fields["gpus"].run_validation(self.api_body.get("gpus"))
+            priority = serializer.fields["priority"].run_validation(self.api_body.get("priority", ""))
+        except DRFValidationError:
+            return
+        try:
+            self.mode = services.job_mode_for(kind=kind, gpu_milli=self.gpu_milli)
+            self.priority_class = services.priority_for(kind=kind, name=priority)
+        except services.JobError as exc:
+            errors.setdefault(exc.field if exc.field in self.fields else None, []).append(str(exc))
+            self.validated = self.mode = None
 
     def spec(self) -> services.JobSpec:
         v = self.validated
@@ -110,13 +133,23 @@ def _flat(messages):
         yield messages
 
 
+def _number_or_text(raw: str):
+    """'2' -> 2, '0.25' -> 0.25, anything else unchanged (the serializer judges it)."""
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        return raw
+    if not value.is_finite():
+        return raw
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
 def api_body_from(data: dict) -> tuple[dict, dict[str, list[str]]]:
     """The JSON body the API would get for this form, and the errors met turning
     the form's text into it (a command that does not split, an env line without '=')."""
     errors: dict[str, list[str]] = {}
     body: dict = {"kind": data.get("kind", "")}
-    gpus = (data.get("gpus") or "").strip()
-    body["gpus"] = gpus
+    body["gpus"] = _number_or_text((data.get("gpus") or "").strip())
     try:
         body["command"] = shlex.split(data.get("command") or "")
     except ValueError as exc:

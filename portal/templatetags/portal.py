@@ -10,10 +10,13 @@ register = template.Library()
 
 
 @register.filter
-def money(value, places: int = 2) -> str:
-    """$1,234.57 (rounded half-up for display; invoices round per line)."""
+def money(value, places: int | None = None) -> str:
+    """$1,234.57 (rounded half-up for display; invoices round per line).
+    Without ``places``: cents, or 4 places for amounts under a dollar."""
     if value in (None, ""):
         return "—"
+    if places is None:
+        places = 4 if 0 < abs(Decimal(value)) < 1 else 2
     amount = Decimal(value).quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_UP)
     sign = "-" if amount < 0 else ""
     return f"{sign}${abs(amount):,}"

@@ -92,22 +92,17 @@ def job_bulk_cancel(request):
 def _submit_context(request, form: JobSubmitForm) -> dict:
     body = form.api_body or {}
     estimate = None
-    validated = form.validated
-    if validated is not None:
-        try:
-            mode = services.job_mode_for(kind=validated["kind"], gpu_milli=validated["gpus"])
-            priority = services.priority_for(kind=validated["kind"], name=validated["priority"])
-        except services.JobError:
-            mode = priority = None
-        if mode:
-            estimate = selectors.submit_estimate(
-                mode=mode,
-                gpu_milli=validated["gpus"],
-                gpu_model=validated["gpu_model"],
-                priority=priority,
-                max_runtime_s=validated.get("max_runtime_seconds")
-                or settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"],
-            )
+    if form.mode is not None:
+        runtime = body.get("max_runtime_seconds")
+        estimate = selectors.submit_estimate(
+            mode=form.mode,
+            gpu_milli=form.gpu_milli,
+            gpu_model=body.get("gpu_model", ""),
+            priority=form.priority_class,
+            max_runtime_s=runtime
+            if isinstance(runtime, int) and runtime > 0
+            else settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"],
+        )
     return {
         "form": form,
         "estimate": estimate,

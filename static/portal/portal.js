@@ -77,7 +77,7 @@
       power: lineChart(root.querySelector("[data-series=power]"), "Power", palette.power, "W")
     };
     var after = 0, idleAfterDone = 0;
-    var points = root.querySelector("[data-points]");
+    var points = document.querySelector("[data-points]");
     function poll() {
       fetch(url + "?after=" + after, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
         .then(function (r) { return r.json(); })
@@ -110,7 +110,7 @@
       data: {
         labels: data.labels,
         datasets: [
-          { type: "bar", label: "Cost ($)", data: data.cost.map(Number), backgroundColor: palette.sm, yAxisID: "cost" },
+          { type: "bar", label: "Cost ($)", data: data.cost.map(Number), backgroundColor: palette.sm, yAxisID: "cost", maxBarThickness: 48 },
           { type: "line", label: "GPU-hours", data: data.gpu_hours, borderColor: palette.cost, yAxisID: "hours", pointRadius: 2 }
         ]
       },

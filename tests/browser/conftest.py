@@ -1,0 +1,102 @@
+"""Headless Chromium for the browser tests: Debian's binary driven by Playwright
+(never a downloaded browser), a logged-in page per user, screenshots under
+artifacts/screenshots/ (git-ignored) for a reviewer to look at."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Playwright's sync API runs an event loop in this thread; the test's own ORM
+# calls (setting up users, reading results) are still plain synchronous code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = os.environ.get("GPUSHARE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(__file__).resolve().parent.parent.parent / "artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
+        raise RuntimeError(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (.ci/run does it)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def screenshot():
+    """``screenshot(page, "name")`` saves artifacts/screenshots/name.png (full page)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def take(page, name: str) -> Path:
+        path = SCREENSHOTS / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+@pytest.fixture
+def page_for(browser, live_server):
+    """``page_for(user, password=..., viewport=...)`` -> a Playwright page logged in as ``user``.
+
+    Logs in through the login form when the accounts app serves one; otherwise
+    (before it exists) puts a real session cookie for the user in the browser.
+    """
+    contexts = []
+
+    def make(user, *, password: str | None = None, viewport=(1280, 900)):
+        context = browser.new_context(
+            base_url=live_server.url, viewport={"width": viewport[0], "height": viewport[1]}
+        )
+        context.set_default_timeout(30_000)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("console", lambda msg: msg.type == "error" and print("browser console:", msg.text))
+        if not _form_login(page, user, password):
+            _cookie_login(context, user, live_server.url)
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def _form_login(page, user, password) -> bool:
+    if password is None:
+        return False
+    response = page.goto("/accounts/login/")
+    if response is None or response.status != 200 or page.locator("input[name=password]").count() == 0:
+        return False
+    page.fill("input[name=username]", user.username)
+    page.fill("input[name=password]", password)
+    page.locator("form:has(input[name=password]) [type=submit]").click()
+    page.wait_for_load_state()
+    return "/accounts/login/" not in page.url
+
+
+def _cookie_login(context, user, url: str) -> None:
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie.value, "url": url}])

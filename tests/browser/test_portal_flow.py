@@ -1,0 +1,150 @@
+"""The portal in a real browser against the real platform: live server, Celery
+worker and a simulated node agent. Sign up (or be created) -> token -> submit
+from the form -> watch it run and succeed without reloading -> log and chart ->
+cost on the usage page; a viewer cannot submit; another tenant gets a 404."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from decimal import Decimal
+
+import pytest
+import requests
+from django_scopes import scopes_disabled
+
+from accounts.models import Membership, Role
+from accounts.services import tenant_create
+from portal.templatetags.portal import money
+from scheduler.models import Job, JobState
+from tests.factories import member_add
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+PASSWORD = "correct-horse-battery"
+TRAIN = "import time\nfor i in range(6):\n    print(f'epoch {i} loss={1/(i+1):.3f}', flush=True)\n    time.sleep(1)"
+GPUS_MESSAGE = "gpus must be a number: 1-8 whole GPUs, or 0.125, 0.25 or 0.5 for a shared slice"
+
+
+def owner_of(slug: str):
+    tenant = tenant_create(slug=slug, name=slug.title(), owner_email=f"eng@{slug}.test", owner_password=PASSWORD)
+    with scopes_disabled():
+        return tenant, Membership.objects.select_related("user").get(tenant=tenant).user
+
+
+def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_factory, page_for, screenshot):
+    agent_factory("node-1")
+    tenant, owner = owner_of("acme")
+    page = page_for(owner, password=PASSWORD)
+
+    page.goto("/")
+    assert page.locator("h1").inner_text() == "Acme"
+    screenshot(page, "01-dashboard-empty")
+
+    # A token for CI: shown once, copyable, and it works against the API.
+    page.goto("/team/")
+    page.fill("#id_name", "github-actions")
+    page.locator("#token-form [type=submit]").click()
+    secret = page.locator("#new-token").inner_text().strip()
+    assert secret.startswith("gps_")
+    assert page.locator("#issued [data-copy]").is_visible()
+    screenshot(page, "02-team-token-created")
+    api = requests.get(f"{platform.url}/api/v1/jobs/", headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+    assert api.status_code == 200, api.text
+    page.reload()
+    assert secret not in page.content()  # shown once only
+    assert "github-actions" in page.locator("#tokens").inner_text()
+
+    # The submit form validates as you type, with the API's own message.
+    page.goto("/jobs/new/")
+    page.select_option("#id_kind", "training")
+    page.fill("#id_gpus", "lots")
+    page.locator("#err-gpus li").wait_for()
+    assert page.locator("#err-gpus").inner_text().strip() == GPUS_MESSAGE
+    page.fill("#id_gpus", "0.5")  # a slice, but training takes whole GPUs: the service's rule, shown live
+    page.wait_for_function("document.querySelector('#err-gpus').innerText.includes('training jobs take whole GPUs')")
+    page.fill("#id_name", "resnet-demo")
+    page.fill("#id_gpus", "1")
+    page.fill("#id_command", shlex.join([sys.executable, "-c", TRAIN]))
+    page.wait_for_function("document.querySelector('#curl').innerText.includes('epoch')")
+    assert page.locator("#err-gpus").inner_text().strip() == ""
+    page.wait_for_function("document.querySelector('#estimate').innerText.includes('per hour')")
+    assert "$0.7000–$2.4900" in page.locator("#estimate").inner_text()  # L4 to H100, one GPU
+    assert '"gpus": 1' in page.locator("#curl").inner_text()
+    screenshot(page, "03-submit-filled")
+    page.locator("#submit-form [type=submit]").click()
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    job_id = int(re.search(r"/jobs/(\d+)/", page.url).group(1))
+
+    # The page updates itself: no reload between queued and succeeded.
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_selector("#job-live[data-state=running]", timeout=60_000)
+    assert page.locator("#log-text").inner_text() == "" or "epoch" in page.locator("#log-text").inner_text()
+    screenshot(page, "04-job-running")
+    page.wait_for_selector("#job-live[data-state=succeeded]", timeout=90_000)
+    page.wait_for_function("document.querySelector('#log-text').innerText.includes('epoch 5')", timeout=30_000)
+    page.wait_for_function("Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3", timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True
+    log_text = page.locator("#log-text").inner_text()
+    assert [f"epoch {i}" in log_text for i in range(6)] == [True] * 6
+    timeline = page.locator(".timeline").inner_text()
+    assert "queued" in timeline and "scheduled" in timeline and "running" in timeline and "succeeded" in timeline
+    gpu_uuid = page.locator("dl.facts code").first.inner_text()
+    assert gpu_uuid.startswith("GPU-")
+    screenshot(page, "05-job-succeeded")
+
+    with scopes_disabled():
+        job = Job.objects.get(pk=job_id)
+    assert job.state == JobState.SUCCEEDED and job.tenant_id == tenant.pk
+    assert job.cost > 0
+
+    # Its cost on the usage page, as metered.
+    page.goto("/usage/")
+    row = page.locator(f"#usage-by-job tr[data-job='{job_id}']")
+    assert money(job.cost, 4) in row.inner_text()
+    assert page.locator("#usage-total").inner_text().strip() == money(job.cost, 4)
+    page.wait_for_function("document.querySelector('canvas[data-usage-chart]').width > 0")
+    screenshot(page, "06-usage")
+
+    page.goto("/jobs/")
+    assert "resnet-demo" in page.locator("table").inner_text()
+    screenshot(page, "07-jobs-list")
+    page.goto("/")
+    screenshot(page, "08-dashboard")
+
+    # The layout holds on a phone: nothing wider than the screen.
+    phone = page_for(owner, password=PASSWORD, viewport=(375, 812))
+    for path in ("/", f"/jobs/{job_id}/", "/jobs/new/", "/jobs/", "/usage/", "/team/"):
+        phone.goto(path)
+        assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), path
+    phone.goto(f"/jobs/{job_id}/")
+    screenshot(phone, "09-phone-job")
+
+    # A viewer sees the job but cannot submit.
+    viewer = member_add(tenant, role=Role.VIEWER)
+    viewer_page = page_for(viewer, password=PASSWORD)
+    viewer_page.goto(f"/jobs/{job_id}/")
+    assert "resnet-demo" in viewer_page.locator("h1").inner_text()
+    viewer_page.goto("/jobs/new/")
+    assert viewer_page.locator("#submit-form [type=submit]").is_disabled()
+    assert "cannot" in viewer_page.locator(".alert").inner_text() or "not submit" in viewer_page.content()
+    screenshot(viewer_page, "10-viewer-submit")
+    token = viewer_page.evaluate("document.querySelector('input[name=csrfmiddlewaretoken]').value")
+    refused = viewer_page.request.post(
+        "/jobs/new/",
+        form={"csrfmiddlewaretoken": token, "kind": "training", "gpus": "1", "command": "true"},
+        headers={"Referer": f"{platform.url}/jobs/new/"},
+    )
+    assert refused.status == 403
+    with scopes_disabled():
+        assert Job.objects.filter(tenant=tenant).count() == 1
+
+    # Another tenant's engineer gets a 404 for this job, its live parts and its log.
+    _, stranger = owner_of("globex")
+    stranger_page = page_for(stranger, password=PASSWORD)
+    for path in (f"/jobs/{job_id}/", f"/jobs/{job_id}/live/", f"/jobs/{job_id}/log/", f"/jobs/{job_id}/metrics/"):
+        assert stranger_page.goto(path).status == 404, path
+    stranger_page.goto("/usage/")
+    assert f"#{job_id}" not in stranger_page.locator("#usage-by-job").inner_text()
+    assert Decimal(job.cost) > 0
