@@ -6,11 +6,14 @@ import bisect
 import logging
 from collections import defaultdict
 from decimal import Decimal
+from typing import NamedTuple
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Greatest
+from django.utils import timezone
 from django_scopes import scopes_disabled
+from psycopg2.extras import execute_values
 
 from agents.models import Node
 from scheduler.models import Allocation, Job
@@ -109,7 +112,7 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     the price, the tenant's discount or the month changes inside it.
     """
     batch = _Batch(node, windows)
-    accepted: list[tuple[UsageWindow, list[rating.Piece]]] = []
+    accepted: list[tuple[_Row, list[rating.Piece]]] = []
     rejected = replays = 0
     for window in windows:
         try:
@@ -122,35 +125,84 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
             replays += 1
         else:
             accepted.append(result)
-    rows = UsageWindow.objects.bulk_create([row for row, _ in accepted])
-    charges = [
-        Charge(
-            tenant_id=row.tenant_id,
-            window=row,
-            job_id=row.job_id,
-            month=piece.month,
-            start_ms=piece.start_ms,
-            end_ms=piece.end_ms,
-            gpu_model=row.gpu_model,
-            mode=row.mode,
-            priority_class=row.priority_class,
-            price_id=piece.price_id,
-            rate_per_gpu_hour=piece.rate_per_gpu_hour,
-            gpu_ms=piece.gpu_ms,
-            sm_util_ms=piece.sm_util_ms,
-            memory_mb_ms=piece.memory_mb_ms,
-            energy_mj=piece.energy_mj,
-            amount=piece.amount,
+    if accepted:
+        _rows_insert(accepted)
+        _job_totals_add([row for row, _ in accepted])
+    return {"stored": len(accepted), "rejected": rejected, "replayed": replays}
+
+
+class _Row(NamedTuple):
+    """A usage window ready to store (a plain tuple: model instances cost more than the insert)."""
+
+    tenant_id: int
+    job_id: int
+    node_id: int
+    attempt: int
+    seq: int
+    start_ms: int
+    end_ms: int
+    gpu_model: str
+    mode: str
+    gpu_ms: int
+    sm_util_ms: int
+    memory_avg_mb: int
+    memory_peak_mb: int
+    energy_mj: int
+    priority_class: str
+    price_id: int | None
+    amount: Decimal
+
+
+_WINDOW_COLUMNS = list(_Row._fields)
+_CHARGE_COLUMNS = [
+    "tenant_id", "window_id", "job_id", "month", "start_ms", "end_ms", "gpu_model", "mode", "priority_class",
+    "price_id", "rate_per_gpu_hour", "gpu_ms", "sm_util_ms", "memory_mb_ms", "energy_mj", "amount",
+]  # fmt: skip
+
+
+def _rows_insert(accepted: list[tuple[_Row, list[rating.Piece]]]) -> None:
+    """Two multi-row INSERTs (windows, then their charges), whatever the batch size."""
+    now = timezone.now()
+    window_table, charge_table = UsageWindow._meta.db_table, Charge._meta.db_table
+    with connection.cursor() as cursor:
+        ids = execute_values(
+            cursor.cursor,
+            f"INSERT INTO {window_table} ({', '.join(_WINDOW_COLUMNS)}, received_at) VALUES %s RETURNING id",
+            [(*row, now) for row, _ in accepted],
+            page_size=2000,
+            fetch=True,
         )
-        for row, (_, pieces) in zip(rows, accepted, strict=True)
-        for piece in pieces
-    ]
-    Charge.objects.bulk_create(charges, batch_size=2000)
-    _job_totals_add(rows)
-    return {"stored": len(rows), "rejected": rejected, "replayed": replays}
+        charges = [
+            (
+                row.tenant_id,
+                window_id,
+                row.job_id,
+                piece.month,
+                piece.start_ms,
+                piece.end_ms,
+                row.gpu_model,
+                row.mode,
+                row.priority_class,
+                piece.price_id,
+                piece.rate_per_gpu_hour,
+                piece.gpu_ms,
+                piece.sm_util_ms,
+                piece.memory_mb_ms,
+                piece.energy_mj,
+                piece.amount,
+            )  # fmt: skip
+            for (row, pieces), (window_id,) in zip(accepted, ids, strict=True)
+            for piece in pieces
+        ]
+        execute_values(
+            cursor.cursor,
+            f"INSERT INTO {charge_table} ({', '.join(_CHARGE_COLUMNS)}) VALUES %s",
+            charges,
+            page_size=2000,
+        )
 
 
-def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[UsageWindow, list[rating.Piece]] | None:
+def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[rating.Piece]] | None:
     if not isinstance(window, dict):
         raise WindowRejected("a window must be an object")
     job_id = _int(window, "job_id")
@@ -201,10 +253,10 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[UsageWindow, 
     )
     if any(p.price_id is None for p in pieces):
         log.error("no price for %s %s: part of a window of job %s rated at 0", gpu_model, job.mode, job_id)
-    row = UsageWindow(
+    row = _Row(
         tenant_id=job.tenant_id,
-        job=job,
-        node=node,
+        job_id=job.pk,
+        node_id=node.pk,
         attempt=attempt,
         seq=seq,
         start_ms=start_ms,
@@ -223,7 +275,7 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[UsageWindow, 
     return row, pieces
 
 
-def _job_totals_add(rows: list[UsageWindow]) -> None:
+def _job_totals_add(rows: list[_Row]) -> None:
     totals: dict[int, dict] = {}
     for row in rows:
         t = totals.setdefault(row.job_id, {"cost": Decimal(0), "gpu_ms": 0, "sm": 0, "peak": 0, "energy": 0})
