@@ -479,10 +479,10 @@ class Agent:
             gpu = self.gpus.get(uuid)
             limit = gpu.memory_mb * job.spec.share_milli // 1000 if gpu else 0
             if u and gpu and getattr(self.backend, "enforces_memory", False) and u.memory_mb > limit:
-                job.request_stop(
-                    reason=f"GPU memory {u.memory_mb} MiB exceeds the slice's {limit} MiB",
-                    grace_s=job.spec.grace_s,
-                )
+                reason = f"GPU memory {u.memory_mb} MiB exceeds the slice's {limit} MiB"
+                log.warning("stopping job %s: %s", job.spec.job_id, reason)
+                job.request_stop(reason=reason, grace_s=job.spec.grace_s)
+                return
 
     def heartbeat(self, at_ms: int) -> None:
         if not self.link.connected:
