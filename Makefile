@@ -48,5 +48,9 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python scripts/services_check.py
 	$(BIN)/python -m bench
 
+chaos: $(VENV)/.installed-dev
+	$(BIN)/python scripts/services_check.py
+	$(BIN)/python -m chaos
+
 clean:
 	rm -rf var staticfiles .pytest_cache
