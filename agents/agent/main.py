@@ -525,7 +525,12 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     env = os.environ
     parser = argparse.ArgumentParser(prog="gpushare-agent", description="gpushare node agent")
     parser.add_argument("--node", default=env.get("GPUSHARE_NODE", socket.gethostname().split(".")[0]))
-    parser.add_argument("--token", default=env.get("GPUSHARE_AGENT_TOKEN", ""), help="the node's credential")
+    parser.add_argument(
+        "--token",
+        default=env.get("GPUSHARE_AGENT_TOKEN", ""),
+        help="the node's credential; prefer GPUSHARE_AGENT_TOKEN or --token-file (argv is world-readable)",
+    )
+    parser.add_argument("--token-file", default=env.get("GPUSHARE_AGENT_TOKEN_FILE", ""), help="file holding the token")
     parser.add_argument(
         "--broker",
         default=env.get("GPUSHARE_BROKER_URL") or env.get("CELERY_BROKER_URL") or env.get("REDIS_URL") or "filesystem://",
@@ -545,8 +550,18 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.token_file:
+        try:
+            args.token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            parser.error(f"cannot read --token-file {args.token_file}: {exc.strerror}")
+    elif args.token and args.token != env.get("GPUSHARE_AGENT_TOKEN"):
+        log.warning(
+            "the node token was given on the command line, where any local user (and any job) can read it in "
+            "/proc/<pid>/cmdline; use GPUSHARE_AGENT_TOKEN or --token-file instead"
+        )
     if not args.token:
-        parser.error("the node's credential is required: --token or GPUSHARE_AGENT_TOKEN")
+        parser.error("the node's credential is required: --token-file, GPUSHARE_AGENT_TOKEN or --token")
     if args.sample_interval <= 0 or args.window < args.sample_interval:
         parser.error("--sample-interval must be positive and --window at least one sample interval")
     return AgentConfig(

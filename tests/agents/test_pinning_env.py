@@ -103,3 +103,19 @@ def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_fa
         timeout=60, what="the agent to refuse the image job",
     )
     assert not (agent.var_dir / "agent" / "ga-node-1" / "jobs" / "7004-1").exists()
+
+
+def test_run_as_drops_to_the_user_and_its_supplementary_groups(agent_factory):
+    import os
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    agent = agent_factory("ga-node-1", extra=["--run-as", "nobody"])
+    launch_direct(agent, 7005, ["/bin/sh", "-c", "echo ids=$(/usr/bin/id -u):$(/usr/bin/id -g):$(/usr/bin/id -G)"])
+    if os.geteuid() == 0:
+        output = wait_output(agent, 7005, "ids=")
+        uid, gid, groups = output.split("ids=")[1].split()[0].split(":")
+        assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
+        assert groups == str(nobody.pw_gid)  # root's supplementary groups are gone
+    else:  # an unprivileged agent cannot switch users: the job fails to start, and says why
+        assert "could not start" in wait_output(agent, 7005, "could not start")
