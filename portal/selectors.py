@@ -13,7 +13,8 @@ from django.utils import timezone
 from accounts import quotas
 from accounts.models import ApiToken, AuditLog, Membership, Tenant
 from agents.models import Gpu
-from billing.models import Price, UsageWindow
+from billing.models import Invoice, UsageWindow
+from billing.selectors import EstimateError, invoices_for_tenant, job_estimate
 from scheduler.models import ACTIVE_STATES, MILLI_PER_GPU, Allocation, Job, JobEvent, JobMode, JobState, PriorityClass
 from scheduler.selectors import jobs_for_tenant
 
@@ -237,37 +238,29 @@ def priority_classes() -> list[PriorityClass]:
 
 @dataclass(frozen=True)
 class Estimate:
+    """The request's price per hour and its cost at most, over the GPU models it may land on."""
+
     per_hour_low: Decimal
     per_hour_high: Decimal
+    max_low: Decimal
+    max_high: Decimal
     max_runtime_s: int
     models: list[str]
 
-    @property
-    def max_low(self) -> Decimal:
-        return self.per_hour_low * self.max_runtime_s / 3600
 
-    @property
-    def max_high(self) -> Decimal:
-        return self.per_hour_high * self.max_runtime_s / 3600
-
-
-def submit_estimate(
-    *, mode: str, gpu_milli: int, gpu_model: str, priority: PriorityClass | None, max_runtime_s: int
-) -> Estimate | None:
-    """Price per hour of the request (a range over GPU models when none is asked for)."""
-    now = timezone.now()
-    prices = Price.objects.filter(mode=mode, effective_from__lte=now).order_by("gpu_model", "-effective_from")
-    if gpu_model:
-        prices = prices.filter(gpu_model=gpu_model)
-    latest: dict[str, Decimal] = {}
-    for price in prices:
-        latest.setdefault(price.gpu_model, price.per_gpu_hour)
-    if not latest:
+def submit_estimate(*, gpu_milli: int, gpu_model: str, priority: PriorityClass, max_runtime_s: int) -> Estimate | None:
+    """billing.selectors.job_estimate, summarised as a range (None when nothing is priced)."""
+    try:
+        found = job_estimate(
+            gpu_milli=gpu_milli, max_runtime_s=max_runtime_s, priority=priority, gpu_model=gpu_model, at=timezone.now()
+        )
+    except EstimateError:
         return None
-    multiplier = priority.price_multiplier if priority else Decimal(1)
-    gpus = Decimal(gpu_milli) / MILLI_PER_GPU
-    per_hour = sorted(p * gpus * multiplier for p in latest.values())
-    return Estimate(per_hour[0], per_hour[-1], max_runtime_s, sorted(latest))
+    per_hour = sorted(e.per_hour for e in found)
+    max_cost = sorted(e.max_cost for e in found)
+    return Estimate(
+        per_hour[0], per_hour[-1], max_cost[0], max_cost[-1], max_runtime_s, sorted(e.gpu_model for e in found)
+    )
 
 
 # --- usage and billing ----------------------------------------------------------------
@@ -311,16 +304,9 @@ def usage_by_gpu_model(*, tenant: Tenant, start: datetime, end: datetime) -> lis
     )
 
 
-def invoices_for(*, tenant: Tenant, limit: int = 24) -> list:
-    """The tenant's invoices with their lines, if the billing app defines them."""
-    try:
-        from billing.models import Invoice
-    except ImportError:
-        return []
-    invoices = Invoice.objects.filter(tenant=tenant).order_by("-pk")
-    if any(f.name == "lines" or getattr(f, "related_name", None) == "lines" for f in Invoice._meta.get_fields()):
-        invoices = invoices.prefetch_related("lines")
-    return list(invoices[:limit])
+def invoices_for(*, tenant: Tenant, limit: int = 24) -> list[Invoice]:
+    """The tenant's invoices, newest month first, with their lines (two queries)."""
+    return list(invoices_for_tenant(tenant=tenant).prefetch_related("lines")[:limit])
 
 
 # --- team and tokens ------------------------------------------------------------------

@@ -28,6 +28,10 @@ MAX_BULK = 100
 LOG_READS_AFTER_END = 3
 
 
+def default_runtime_s() -> int:
+    return settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"]
+
+
 def _job(request, pk: int) -> Job:
     # The scope makes another tenant's job invisible: it answers 404 like a missing one.
     return get_object_or_404(jobs_for_tenant(tenant=request.portal.tenant), pk=pk)
@@ -95,13 +99,10 @@ def _submit_context(request, form: JobSubmitForm) -> dict:
     if form.mode is not None:
         runtime = body.get("max_runtime_seconds")
         estimate = selectors.submit_estimate(
-            mode=form.mode,
             gpu_milli=form.gpu_milli,
             gpu_model=body.get("gpu_model", ""),
             priority=form.priority_class,
-            max_runtime_s=runtime
-            if isinstance(runtime, int) and runtime > 0
-            else settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"],
+            max_runtime_s=runtime if isinstance(runtime, int) and runtime > 0 else default_runtime_s(),
         )
     return {
         "form": form,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 
 from .. import selectors
 from ..tenancy import tenant_page
@@ -21,15 +21,11 @@ def _month_from(raw: str) -> datetime:
 
 
 def _invoice_links(invoice) -> dict:
-    links = {}
-    for key, names in {"print": ("billing:invoice_print", "billing:invoice"), "csv": ("billing:invoice_csv",)}.items():
-        for name in names:
-            try:
-                links[key] = reverse(name, kwargs={"pk": invoice.pk})
-                break
-            except NoReverseMatch:
-                continue
-    return links
+    """The billing app's printable view (print to PDF) and per-job CSV."""
+    return {
+        "print": reverse("billing:invoice-detail", kwargs={"invoice_id": invoice.pk}),
+        "csv": reverse("billing:invoice-csv", kwargs={"invoice_id": invoice.pk}),
+    }
 
 
 @tenant_page
@@ -39,7 +35,9 @@ def usage(request):
     end = selectors.month_end(start)
     by_day = selectors.usage_by_day(tenant=tenant, start=start, end=end)
     by_model = selectors.usage_by_gpu_model(tenant=tenant, start=start, end=end)
-    invoices = [(inv, _invoice_links(inv)) for inv in selectors.invoices_for(tenant=tenant)]
+    invoices = None
+    if request.portal.can("billing.read"):
+        invoices = [(inv, _invoice_links(inv)) for inv in selectors.invoices_for(tenant=tenant)]
     previous = (start - timedelta(days=1)).strftime("%Y-%m")
     following = end.strftime("%Y-%m") if end <= datetime.now(tz=UTC) else None
     return page(

@@ -70,7 +70,7 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     page.wait_for_function("document.querySelector('#curl').innerText.includes('epoch')")
     assert page.locator("#err-gpus").inner_text().strip() == ""
     page.wait_for_function("document.querySelector('#estimate').innerText.includes('per hour')")
-    assert "$0.7000–$2.4900" in page.locator("#estimate").inner_text()  # L4 to H100, one GPU
+    assert "$0.70–$2.49" in page.locator("#estimate").inner_text()  # L4 to H100, one GPU
     assert '"gpus": 1' in page.locator("#curl").inner_text()
     screenshot(page, "03-submit-filled")
     page.locator("#submit-form [type=submit]").click()
