@@ -63,7 +63,14 @@ class StripeEventData:
 
 
 class GatewayError(Exception):
-    """Stripe refused a request (not a card decline) or could not be reached after retries."""
+    """Stripe refused a request (not a card decline) or could not be reached after retries.
+
+    ``transient`` is True when trying later may succeed (network, rate limit, 5xx).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class SignatureError(Exception):
@@ -92,7 +99,10 @@ class StripeGateway:
         except stripe.CardError:
             raise
         except stripe.StripeError as exc:
-            raise GatewayError(f"stripe: {exc.user_message or exc}") from exc
+            transient = isinstance(exc, stripe.APIConnectionError | stripe.RateLimitError) or (
+                exc.http_status is not None and exc.http_status >= 500
+            )
+            raise GatewayError(f"stripe: {exc.user_message or exc}", transient=transient) from exc
 
     def customer_ensure(self, *, tenant_id: int, email: str, name: str, existing_id: str = "") -> StripeCustomer:
         if existing_id:

@@ -35,16 +35,15 @@ def close_month_task(*, month: str = "") -> int:
     return len(closed)
 
 
-@shared_task(
-    name="billing.invoice_send",
-    ignore_result=True,
-    autoretry_for=(gateway.GatewayError,),
-    retry_backoff=30,
-    retry_backoff_max=3600,
-    max_retries=8,
-)
-def invoice_send_task(*, invoice_id: int) -> None:
-    payments.invoice_send(invoice_id=invoice_id)
+@shared_task(name="billing.invoice_send", bind=True, ignore_result=True, max_retries=8)
+def invoice_send_task(self, *, invoice_id: int) -> None:
+    """Send and collect; Stripe being unreachable is retried with backoff (idempotency keys make it safe)."""
+    try:
+        payments.invoice_send(invoice_id=invoice_id)
+    except gateway.GatewayError as exc:
+        if not exc.transient:
+            raise
+        raise self.retry(exc=exc, countdown=min(3600, 30 * 2**self.request.retries)) from exc
 
 
 @shared_task(name="billing.dunning_check", ignore_result=True)

@@ -213,6 +213,8 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[ra
         raise WindowRejected(f"job {job_id} was never placed on node {node.name}")
     seq = _int(window, "seq")
     attempt = _int(window, "attempt", 1)
+    if not 1 <= attempt <= max(1, job.attempt):
+        raise WindowRejected(f"job {job_id} never had attempt {attempt} (latest is {job.attempt})")
     start_ms, end_ms = _int(window, "start_ms"), _int(window, "end_ms")
     if end_ms <= start_ms:
         raise WindowRejected("end_ms must be after start_ms")

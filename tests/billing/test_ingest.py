@@ -71,6 +71,8 @@ def test_out_of_order_windows_are_all_stored(fleet, tenant):
         ({"memory_peak_mb": 10**9}, "memory"),
         ({"start_ms": "yesterday"}, "type"),
         ({"seq": -1}, "negative"),
+        ({"attempt": 2}, "attempt never launched"),
+        ({"attempt": 0}, "attempt zero"),
     ],
 )
 def test_impossible_or_overlapping_windows_are_rejected_not_billed(fleet, tenant, bad, why):

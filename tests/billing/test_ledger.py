@@ -17,7 +17,7 @@ from billing.ledger import Held, gpu_ledger
 from billing.models import Charge, UsageWindow
 from billing.selectors import ledger_month
 from billing.services import usage_windows_ingest
-from scheduler.models import Allocation
+from scheduler.models import Allocation, Job
 from tests.billing.conftest import dt, ms, window
 from tests.factories import UserFactory
 
@@ -53,6 +53,8 @@ def february(fleet, tenant, other_tenant):
     b = fleet.job(other_tenant, node=node, at=day + timedelta(hours=1), released=day + timedelta(hours=2))
     h100 = node.gpus.get(index=0)
     with scopes_disabled():
+        Job.objects.filter(pk=a.pk).update(attempt=2)  # preempted and requeued once
+        a.refresh_from_db()
         second = Allocation.objects.create(tenant=tenant, job=a, gpu=h100, share_milli=1000)
         Allocation.objects.filter(pk=second.pk).update(
             created_at=day + timedelta(hours=2), released_at=day + timedelta(hours=3)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
-from billing.gateway import StripeGateway
+from billing.gateway import GatewayError, StripeGateway
 from billing.models import BillingPolicy, Invoice, StripeEvent
 from billing.services import usage_windows_ingest
 from billing.services.invoices import invoice_close
@@ -203,3 +203,24 @@ def test_real_stripe_flow_finalizes_retries_5xx_with_the_same_key(fleet, tenant)
     assert all(k.startswith("gpushare-") for k in keys)
     assert keys[-1] == keys[-2] == f"gpushare-invoice-pay-{invoice.pk}-1"  # the retry replays, never a 2nd charge
     assert state_of(invoice).state == Invoice.State.PAID
+
+
+class RefusingStripe(RecordedStripe):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        return self._send(400, {"error": {"type": "invalid_request_error", "message": "No such customer"}})
+
+
+@pytest.mark.django_db
+def test_a_refusal_is_a_permanent_gateway_error_and_the_invoice_stays_draft(fleet, tenant):
+    invoice = march_invoice(fleet, tenant)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RefusingStripe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gw = StripeGateway(api_key="sk_test_x", api_base=f"http://127.0.0.1:{server.server_port}")
+        with pytest.raises(GatewayError, match="No such customer") as raised:
+            invoice_send(invoice_id=invoice.pk, gw=gw)
+    finally:
+        server.shutdown()
+    assert raised.value.transient is False
+    assert state_of(invoice).state == Invoice.State.DRAFT
