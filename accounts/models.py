@@ -157,3 +157,23 @@ class Invitation(models.Model):
 
     def __str__(self) -> str:
         return f"invite {self.email} to {self.tenant} as {self.role}"
+
+
+class TenantMonthUsage(models.Model):
+    """A tenant's running totals of billing.UsageWindow rows starting in ``month``, for the windows
+    with id <= ``through_window_id`` (the rest is summed live; see accounts.quotas.month_usages)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField(help_text="First day of the month (UTC).")
+    gpu_ms = models.BigIntegerField(default=0)
+    spend = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    through_window_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "month"], name="tenant_month_usage_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.month:%Y-%m}: {self.gpu_ms} GPU-ms, {self.spend}"

@@ -23,14 +23,14 @@ whose window starts in the current calendar month (UTC).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db.models import Sum
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
-from .models import Plan, RunningJobsPolicy, Tenant, TenantQuota
+from .models import Plan, RunningJobsPolicy, Tenant, TenantMonthUsage, TenantQuota
 
 MS_PER_HOUR = 3_600_000
 MILLI_PER_GPU = 1000
@@ -180,17 +180,95 @@ def month_usage(tenant: Tenant, *, now: datetime | None = None) -> MonthUsage:
     return month_usages([tenant.pk], now=now).get(tenant.pk, MonthUsage())
 
 
+def _window_sums(rows) -> dict[int, MonthUsage]:
+    totals = rows.values("tenant_id").annotate(gpu_ms=Sum("gpu_ms"), spend=Sum("amount"))
+    return {r["tenant_id"]: MonthUsage(gpu_ms=r["gpu_ms"] or 0, spend=r["spend"] or Decimal(0)) for r in totals}
+
+
+def _add(a: MonthUsage | None, b: MonthUsage | None) -> MonthUsage:
+    a, b = a or MonthUsage(), b or MonthUsage()
+    return MonthUsage(gpu_ms=a.gpu_ms + b.gpu_ms, spend=a.spend + b.spend)
+
+
 @scopes_disabled()
 def month_usages(tenant_ids=None, *, now: datetime | None = None) -> dict[int, MonthUsage]:
-    """This month's usage per tenant id (all tenants when ``tenant_ids`` is None)."""
+    """This month's usage per tenant id (all tenants when ``tenant_ids`` is None).
+
+    Exact and cheap: the ``TenantMonthUsage`` totals up to their window id, plus a live
+    sum of the windows after it (a few minutes' worth when ``month_usage_advance`` runs);
+    tenants without totals yet are summed in full over the (tenant, start_ms) index.
+    """
     from billing.models import UsageWindow
 
     start_ms, end_ms = month_bounds_ms(now)
-    rows = UsageWindow.objects.filter(start_ms__gte=start_ms, start_ms__lt=end_ms)
+    windows = UsageWindow.objects.filter(start_ms__gte=start_ms, start_ms__lt=end_ms)
+    cached = TenantMonthUsage.objects.filter(month=month_start(now).date())
     if tenant_ids is not None:
-        rows = rows.filter(tenant_id__in=list(tenant_ids))
-    totals = rows.values("tenant_id").annotate(gpu_ms=Sum("gpu_ms"), spend=Sum("amount"))
-    return {r["tenant_id"]: MonthUsage(gpu_ms=r["gpu_ms"] or 0, spend=r["spend"] or Decimal(0)) for r in totals}
+        tenant_ids = list(tenant_ids)
+        windows = windows.filter(tenant_id__in=tenant_ids)
+        cached = cached.filter(tenant_id__in=tenant_ids)
+    by_cursor: dict[int, list[TenantMonthUsage]] = {}
+    for row in cached:
+        by_cursor.setdefault(row.through_window_id, []).append(row)
+    out: dict[int, MonthUsage] = {}
+    for cursor, rows in by_cursor.items():
+        tail = _window_sums(windows.filter(id__gt=cursor, tenant_id__in=[r.tenant_id for r in rows]))
+        for row in rows:
+            out[row.tenant_id] = _add(MonthUsage(gpu_ms=row.gpu_ms, spend=row.spend), tail.get(row.tenant_id))
+    if tenant_ids is None:
+        out.update(_window_sums(windows.exclude(tenant_id__in=list(out))))
+    elif uncached := [t for t in tenant_ids if t not in out]:
+        out.update(_window_sums(windows.filter(tenant_id__in=uncached)))
+    return out
+
+
+# A usage window's transaction commits within the Celery task time limit (300 s) of its
+# insert, so every window with an id at most that of a row received this long ago is visible.
+SETTLED_AFTER = timedelta(minutes=10)
+# Agent clocks may run ahead: a window received before the month (less this) cannot start in it.
+CLOCK_MARGIN = timedelta(hours=1)
+
+
+@scopes_disabled()
+def month_usage_advance(tenant_ids, *, now: datetime | None = None) -> int:
+    """Fold the settled windows of this month into ``TenantMonthUsage`` (call in a transaction;
+    idempotent). Returns the window id the totals now run through."""
+    from billing.models import UsageWindow
+
+    now = now or timezone.now()
+    start = month_start(now)
+    start_ms, end_ms = month_bounds_ms(now)
+    settled = (
+        UsageWindow.objects.filter(received_at__lt=now - SETTLED_AFTER).order_by("-id").values_list("id", flat=True)
+    ).first() or 0
+    before_month = (
+        UsageWindow.objects.filter(received_at__lt=start - CLOCK_MARGIN).order_by("-id").values_list("id", flat=True)
+    ).first() or 0
+    rows = {}
+    for tenant_id in tenant_ids:
+        row, _ = TenantMonthUsage.objects.select_for_update().get_or_create(
+            tenant_id=tenant_id, month=start.date(), defaults={"through_window_id": before_month}
+        )
+        rows[tenant_id] = row
+    by_cursor: dict[int, list[TenantMonthUsage]] = {}
+    for row in rows.values():
+        if row.through_window_id < settled:
+            by_cursor.setdefault(row.through_window_id, []).append(row)
+    for cursor, group in by_cursor.items():
+        added = _window_sums(
+            UsageWindow.objects.filter(
+                id__gt=cursor,
+                id__lte=settled,
+                tenant_id__in=[r.tenant_id for r in group],
+                start_ms__gte=start_ms,
+                start_ms__lt=end_ms,
+            )
+        )
+        for row in group:
+            total = _add(MonthUsage(gpu_ms=row.gpu_ms, spend=row.spend), added.get(row.tenant_id))
+            row.gpu_ms, row.spend, row.through_window_id = total.gpu_ms, total.spend, settled
+            row.save(update_fields=["gpu_ms", "spend", "through_window_id", "updated_at"])
+    return settled
 
 
 @dataclass(frozen=True)
@@ -231,15 +309,37 @@ def budget_status(tenant: Tenant, *, now: datetime | None = None) -> BudgetStatu
 
 
 @scopes_disabled()
+def budgeted_tenants() -> dict[int, Limits]:
+    """Active tenants with a GPU-hour or spend limit, and their limits."""
+    quotas = {q.tenant_id: q for q in TenantQuota.objects.select_related("plan")}
+    default = Plan.objects.filter(name=DEFAULT_PLAN).first()
+    out = {}
+    for tenant_id in Tenant.objects.filter(state=Tenant.State.ACTIVE).values_list("pk", flat=True):
+        quota = quotas.get(tenant_id)
+        limits = limits_merge(quota, quota.plan if quota else None, default)
+        if limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None:
+            out[tenant_id] = limits
+    return out
+
+
+@scopes_disabled()
 def tenant_limits_for_scheduling(*, now: datetime | None = None) -> dict[int, TenantLimits]:
     """Per tenant id: what it may hold at once. Tenants without any limit are left out."""
     quotas = {q.tenant_id: q for q in TenantQuota.objects.select_related("plan")}
     default = Plan.objects.filter(name=DEFAULT_PLAN).first()
-    usages = month_usages(now=now)
+    all_limits = {
+        tenant_id: (state, limits_merge(quotas.get(tenant_id), getattr(quotas.get(tenant_id), "plan", None), default))
+        for tenant_id, state in Tenant.objects.values_list("pk", "state")
+    }
+    budgeted = [
+        tenant_id
+        for tenant_id, (state, limits) in all_limits.items()
+        if state == Tenant.State.ACTIVE
+        and (limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None)
+    ]
+    usages = month_usages(budgeted, now=now) if budgeted else {}
     out: dict[int, TenantLimits] = {}
-    for tenant_id, state in Tenant.objects.values_list("pk", "state"):
-        quota = quotas.get(tenant_id)
-        limits = limits_merge(quota, quota.plan if quota else None, default)
+    for tenant_id, (state, limits) in all_limits.items():
         blocked = ""
         if state != Tenant.State.ACTIVE:
             blocked = f"the tenant is {state}"

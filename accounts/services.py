@@ -411,15 +411,14 @@ def tenant_reinstate(*, tenant: Tenant, actor, reason: str = "") -> Tenant:
 def budgets_enforce(*, now=None) -> dict:
     """Platform-wide, safe to run twice: alert once a month at the threshold, and stop
     running jobs of tenants whose month budget is exhausted when the setting says stop.
-    Each tenant is handled in its own transaction."""
-    from scheduler.models import ACTIVE_STATES, Job
-
+    Only tenants with a GPU-hour or spend limit are looked at; each in its own transaction."""
     with scopes_disabled():
-        usages = quotas.month_usages(now=now)
-        busy = set(Job.objects.filter(state__in=ACTIVE_STATES).values_list("tenant_id", flat=True))
-        tenant_ids = set(usages) | busy
+        budgeted = quotas.budgeted_tenants()
+        with transaction.atomic():
+            quotas.month_usage_advance(list(budgeted), now=now)
+        usages = quotas.month_usages(list(budgeted), now=now) if budgeted else {}
         result = {"alerted": 0, "stopped": 0}
-        for tenant in Tenant.objects.filter(pk__in=tenant_ids):
+        for tenant in Tenant.objects.filter(pk__in=list(budgeted)):
             alerted, stopped = _budget_enforce_one(
                 tenant=tenant, usage=usages.get(tenant.pk, quotas.MonthUsage()), now=now
             )

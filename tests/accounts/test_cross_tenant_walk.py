@@ -94,9 +94,9 @@ def routes(*, api: bool) -> list[Route]:
             continue
         if not api and route.startswith(NOT_TENANT_PAGES):
             continue
-        kwargs = tuple(k for k in pattern.pattern.regex.groupindex if ID_KWARG.match(k))
-        if not api and not kwargs:
-            continue  # pages without an object id cannot show another tenant's object
+        kwargs = tuple(k for k in pattern.pattern.regex.groupindex if k != "format")
+        if not api and (not kwargs or not all(ID_KWARG.match(k) for k in kwargs)):
+            continue  # pages without an object id (or keyed by a secret, like a reset link) show no object
         name = f"{namespace}:{pattern.name}" if namespace else pattern.name
         found.append(Route(route, name, kwargs, _methods(pattern.callback, api), pattern.callback, api))
     return found
@@ -184,14 +184,24 @@ def snapshot(objs) -> dict:
     return out
 
 
+def _drf_lookup(route: Route, kwarg: str) -> tuple[type[models.Model] | None, str]:
+    """For a DRF view: the model and field its URL kwarg looks up (None when not a DRF lookup)."""
+    cls = getattr(route.callback, "cls", None)
+    if cls is None:
+        return None, "pk"
+    field = getattr(cls, "lookup_field", "pk")
+    if kwarg not in ("pk", getattr(cls, "lookup_url_kwarg", None) or field):
+        return None, "pk"
+    model = getattr(getattr(cls, "queryset", None), "model", None)
+    model = model or getattr(getattr(getattr(cls, "serializer_class", None), "Meta", None), "model", None)
+    return model, field
+
+
 def model_for(route: Route, kwarg: str) -> str:
     """Which model an id kwarg names: the DRF view's model, else the URL segment before it."""
-    cls = getattr(route.callback, "cls", None)
-    if kwarg == "pk" and cls is not None:
-        model = getattr(getattr(cls, "queryset", None), "model", None)
-        model = model or getattr(getattr(getattr(cls, "serializer_class", None), "Meta", None), "model", None)
-        if model is not None:
-            return model._meta.label
+    model, _ = _drf_lookup(route, kwarg)
+    if model is not None:
+        return model._meta.label
     if kwarg.endswith(("_id", "_pk")):
         noun = kwarg.rsplit("_", 1)[0]
     else:
@@ -207,12 +217,32 @@ def model_for(route: Route, kwarg: str) -> str:
     return candidates[0]
 
 
+def _platform_only(route: Route) -> bool:
+    """The route's objects are the platform's (e.g. nodes), not any tenant's: nothing to hide between tenants."""
+    labels = {_drf_lookup(route, k)[0]._meta.label for k in route.kwargs if _drf_lookup(route, k)[0] is not None}
+    return bool(route.kwargs) and len(labels) == len(route.kwargs) and not labels & set(tenant_models())
+
+
+PLATFORM_ROUTES = [r for r in API_ROUTES if _platform_only(r)]
+API_ROUTES = [r for r in API_ROUTES if not _platform_only(r)]
+
+
+def test_platform_routes_serve_no_tenant_model():
+    """Routes left out of the walk: each looks up a model without a tenant (listed for the reader)."""
+    for route in PLATFORM_ROUTES:
+        for kwarg in route.kwargs:
+            model, _ = _drf_lookup(route, kwarg)
+            assert not any(f.name == "tenant" for f in model._meta.fields), route.route
+
+
 def url_for(route: Route, objs, *, missing: bool) -> str:
     kwargs = {}
     for kwarg in route.kwargs:
         label = model_for(route, kwarg)
         assert label in objs, f"{route.route} takes a {label} id: add a builder for it to BUILDERS"
-        kwargs[kwarg] = MISSING_ID if missing else objs[label].pk
+        field = _drf_lookup(route, kwarg)[1]
+        value = getattr(objs[label], field)
+        kwargs[kwarg] = (MISSING_ID if isinstance(value, int) else "no-such-object") if missing else value
     return reverse(route.name, kwargs=kwargs)
 
 

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 from django_scopes import scopes_disabled
 
-from accounts.models import AuditLog, Plan, Role, RunningJobsPolicy, Tenant
+from accounts.models import AuditLog, Plan, Role, RunningJobsPolicy, Tenant, TenantMonthUsage
 from accounts.quotas import (
     Limits,
     MonthUsage,
     admission_refusal,
     budget_status,
     limits_for,
+    month_bounds_ms,
     month_usage,
+    month_usage_advance,
+    month_usages,
+    submission_check,
     tenant_limits_for_scheduling,
 )
 from accounts.services import AccountsError, budgets_enforce, quota_set
+from billing.models import UsageWindow
 from scheduler.models import Job, JobState
 from scheduler.services import JobError, JobSpec, job_submit
 from tests.accounts.helpers import job_make, usage_add
@@ -192,12 +199,59 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
 
 
 def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
-    """Lock the tenant, read quota+plan, the default plan, count open jobs, sum the month: 5 queries,
-    however many jobs and usage windows the tenant has."""
-    from accounts.quotas import submission_check
-
+    """Lock the tenant, read quota+plan, the default plan, count open jobs, the month's cached totals,
+    sum the windows after them: 6 queries, however many jobs and usage windows the tenant has."""
     quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
     for _ in range(5):
         usage_add(tenant, amount="1.00", job=submit(tenant))
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+
+
+def test_month_totals_cache_is_exact(rules, tenant, other_tenant):
+    """Cached totals + the live tail always equal the plain sum, before and after each advance,
+    and whatever arrives late; last month's windows never count."""
+
+    def plain(t):
+        with scopes_disabled():
+            windows = [w for w in UsageWindow.objects.filter(tenant=t) if w.start_ms >= month_bounds_ms()[0]]
+        return MonthUsage(gpu_ms=sum(w.gpu_ms for w in windows), spend=sum((w.amount for w in windows), Decimal(0)))
+
+    def age(windows, minutes):
+        with scopes_disabled():
+            UsageWindow.objects.filter(pk__in=[w.pk for w in windows]).update(
+                received_at=timezone.now() - timedelta(minutes=minutes)
+            )
+
+    job_a, job_b = submit(tenant), submit(other_tenant)
+    old = [usage_add(tenant, gpu_hours=5, amount="9.00", job=job_a, last_month=True)]
+    age(old, 60 * 24 * 20)
+    settled = [
+        usage_add(tenant, gpu_hours=1, amount="1.50", job=job_a),
+        usage_add(other_tenant, gpu_hours=2, job=job_b),
+    ]
+    age(settled, 30)
+    fresh = [usage_add(tenant, gpu_hours=Decimal("0.25"), amount="0.10", job=job_a)]
+    both = [tenant.pk, other_tenant.pk]
+
+    assert month_usages(both) == {tenant.pk: plain(tenant), other_tenant.pk: plain(other_tenant)}
+    cursor = month_usage_advance(both)
+    assert cursor == settled[-1].pk  # the fresh window is not folded in yet
+    with scopes_disabled():
+        row = TenantMonthUsage.objects.get(tenant=tenant)
+    assert (row.gpu_ms, row.spend) == (3_600_000, Decimal("1.50"))
+    assert month_usages(both) == {tenant.pk: plain(tenant), other_tenant.pk: plain(other_tenant)}
+    assert month_usage_advance(both) == cursor  # idempotent
+    late = [usage_add(tenant, gpu_hours=2, amount="3.00", job=job_a)]
+    age(fresh + late, 15)
+    assert month_usages(both)[tenant.pk] == plain(tenant)
+    month_usage_advance(both)
+    with scopes_disabled():
+        row.refresh_from_db()
+    assert row.through_window_id == late[0].pk
+    assert (
+        month_usages(both)[tenant.pk]
+        == plain(tenant)
+        == MonthUsage(gpu_ms=int(Decimal("3.25") * 3_600_000), spend=Decimal("4.60"))
+    )
+    assert month_usages([other_tenant.pk]) == {other_tenant.pk: plain(other_tenant)}
