@@ -176,7 +176,7 @@ def member_invite(
             expires_at=timezone.now() + timedelta(days=INVITE_VALID_DAYS),
         )
     audit_record(actor=actor, tenant=tenant, action="member.invite", target=email, after={"role": role})
-    link = f"{accept_url}{plaintext}/" if accept_url else plaintext
+    link = invite_link(plaintext, accept_url=accept_url)
     transaction.on_commit(
         lambda: send_mail(
             f"You are invited to {tenant.name} on gpushare",
@@ -187,6 +187,17 @@ def member_invite(
         )
     )
     return IssuedInvitation(invitation=invitation, plaintext=plaintext)
+
+
+def invite_link(plaintext: str, *, accept_url: str = "") -> str:
+    """The one-time link: ``accept_url`` (e.g. ``request.build_absolute_uri("/accounts/invite/")``)
+    + the secret, or settings.SITE_URL + the invite page's path."""
+    from django.conf import settings
+    from django.urls import reverse
+
+    if accept_url:
+        return f"{accept_url.rstrip('/')}/{plaintext}/"
+    return f"{getattr(settings, 'SITE_URL', '').rstrip('/')}{reverse('invite_accept', kwargs={'secret': plaintext})}"
 
 
 def invitation_find(plaintext: str) -> Invitation | None:

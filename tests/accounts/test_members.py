@@ -145,3 +145,11 @@ def test_audit_row_is_in_the_same_transaction(tenant):
     with pytest.raises(AccountsError):
         member_role_change(membership=membership(tenant, owner), actor=owner, role=Role.VIEWER)
     assert AuditLog.objects.count() == before
+
+
+def test_invite_link_defaults_to_the_site_url(tenant, settings, django_capture_on_commit_callbacks):
+    settings.SITE_URL = "https://gpushare.example/"
+    owner = member_add(tenant, role=Role.OWNER)
+    with django_capture_on_commit_callbacks(execute=True):
+        issued = member_invite(tenant=tenant, actor=owner, email="z@z.test")
+    assert f"https://gpushare.example/accounts/invite/{issued.plaintext}/" in mail.outbox[0].body
