@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -282,7 +283,10 @@ def cmd_cancel(client: Client, args) -> int:
 
 
 def cmd_usage(client: Client, args) -> int:
-    _print(client.get("usage/", start=args.start, end=args.end, group_by=args.group_by), args.json)
+    now = datetime.now(UTC).replace(microsecond=0)
+    start = args.start or now.replace(day=1, hour=0, minute=0, second=0).isoformat()
+    end = args.end or (now + timedelta(seconds=1)).isoformat()
+    _print(client.get("usage/", start=start, end=end, group_by=args.group_by), args.json)
     return 0
 
 
@@ -367,8 +371,8 @@ def parser_build() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("usage", help="GPU-seconds and cost over a period")
-    p.add_argument("--start", help="ISO date or date-time")
-    p.add_argument("--end", help="ISO date or date-time")
+    p.add_argument("--start", help="ISO 8601 date-time (default: the start of this month, UTC)")
+    p.add_argument("--end", help="ISO 8601 date-time, exclusive (default: now)")
     p.add_argument("--group-by", choices=["day", "job", "gpu_model"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_usage)

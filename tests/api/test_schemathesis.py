@@ -31,7 +31,7 @@ from tests.factories import token_for
 
 from .helpers import job_make, node_make
 
-EXAMPLES = 20
+EXAMPLES = 15
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 pytestmark = pytest.mark.integration

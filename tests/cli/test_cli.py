@@ -203,3 +203,20 @@ def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
 )
 def test_exit_codes(job, code):
     assert job_exit_code(job) == code
+
+
+def test_quota_usage_and_estimate(live_server, transactional_db):
+    platform_rules_seed()
+    tenant = TenantFactory(slug="reader")
+    token = token_for(tenant)
+    quota = run_cli(live_server.url, token, "quota", "--json")
+    assert quota.returncode == 0, quota.stderr
+    assert '"headroom"' in quota.stdout
+    usage = run_cli(live_server.url, token, "usage", "--group-by", "job", "--json")
+    assert usage.returncode == 0, usage.stderr
+    assert '"results": []' in usage.stdout
+    estimate = run_cli(live_server.url, token, "estimate", "--gpus", "2", "--max-runtime-seconds", "3600", "--json")
+    assert estimate.returncode == 0, estimate.stderr
+    assert "H100-80GB" in estimate.stdout
+    bad = run_cli(live_server.url, token, "usage", "--start", "2026-02-01T00:00:00Z", "--end", "2026-01-01T00:00:00Z")
+    assert bad.returncode == EXIT_API and "end must be after start" in bad.stderr
