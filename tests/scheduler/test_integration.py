@@ -191,6 +191,8 @@ def test_fair_share_between_weights_1_and_3(platform, agent_factory):
     share = gpu_s[light] / (gpu_s[light] + gpu_s[heavy])
     print(f"fair share measured: light {share:.3f} heavy {1 - share:.3f} (jobs started {counts})")
     assert abs(share - 0.25) <= 0.10, (share, counts)
+    for job_id in ids[light] + ids[heavy]:  # leave nothing running behind the test
+        wait_state(job_id, JobState.SUCCEEDED, timeout=120)
 
 
 def test_concurrent_passes_never_double_place(transactional_db, rules):
@@ -231,5 +233,5 @@ def test_concurrent_passes_never_double_place(transactional_db, rules):
     assert per_gpu and max(per_gpu.values()) <= 1000
     assert max(per_job.values()) == 1  # every job holds one GPU: placed once
     with scopes_disabled():
-        assert Job.objects.filter(state=JobState.SCHEDULED).count() == len(per_job)
-        assert JobEvent.objects.filter(to_state=JobState.SCHEDULED).count() == len(per_job)
+        assert Job.objects.filter(tenant=tenant, state=JobState.SCHEDULED).count() == len(per_job)
+        assert JobEvent.objects.filter(tenant=tenant, to_state=JobState.SCHEDULED).count() == len(per_job)
