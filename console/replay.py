@@ -116,12 +116,25 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
     )
 
 
+MAX_REPLAY_JOBS = 5000
+
+
+class ReplayTooLarge(ValueError):
+    pass
+
+
 def preview(*, proposed: RuleSet, hours: int = 24, end: datetime | None = None) -> whatif.Comparison:
     """Replay the last ``hours`` of submissions under the rules in force and under ``proposed``."""
     end = end or timezone.now()
     start = end - timedelta(hours=hours)
+    history = history_between(start=start, end=end)
+    if len(history) > MAX_REPLAY_JOBS:
+        raise ReplayTooLarge(
+            f"the last {hours} h hold {len(history)} submissions and a preview replays at most {MAX_REPLAY_JOBS}: "
+            "choose a shorter window"
+        )
     return whatif.compare(
-        history=history_between(start=start, end=end),
+        history=history,
         nodes=fleet_now(),
         current=whatif_rules(ruleset_current()),
         proposed=whatif_rules(proposed),

@@ -160,7 +160,10 @@ def rules(request):
                     messages.success(request, f"Saved {count} rule change(s); the next scheduling pass follows them.")
                     return redirect("console:rules")
             elif not context["problems"]:
-                context["comparison"] = replay.preview(proposed=proposed, hours=window.cleaned_data["hours"])
+                try:
+                    context["comparison"] = replay.preview(proposed=proposed, hours=window.cleaned_data["hours"])
+                except replay.ReplayTooLarge as exc:
+                    context["problems"] = [str(exc)]
     return _page(request, "console/rules.html", "Priority rules and what-if preview", **context)
 
 

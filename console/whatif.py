@@ -209,10 +209,13 @@ def simulate(
     end = window_end_ms if window_end_ms is not None else max((j.submitted_ms for j in history), default=start)
     stop_at = end + horizon_ms
     outcomes = {j.job_id: JobOutcome(j.job_id, j.tenant, rules.class_of(j), j.submitted_ms) for j in history}
+    never: dict[tuple, str] = {}  # request shape -> why it cannot start even on the empty fleet ("" if it can)
     for job in history:
-        trial = placement.plan(fleet_copy(nodes), [_request(job, rules)], policy=policy_for(rules, now_ms=0, usage={}))
-        if not trial.placements:
-            outcomes[job.job_id].unplaceable = trial.pending.get(job.job_id, "does not fit the fleet")
+        request = _request(job, rules)
+        if request.shape() not in never:
+            trial = placement.plan(fleet_copy(nodes), [request], policy=policy_for(rules, now_ms=0, usage={}))
+            never[request.shape()] = "" if trial.placements else trial.pending.get(job.job_id, "does not fit")
+        outcomes[job.job_id].unplaceable = never[request.shape()]
 
     events: list[tuple[int, int, int, int]] = []  # (at, kind, job id, attempt)
     for job in history:
