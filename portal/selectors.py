@@ -83,12 +83,12 @@ class Spend:
         return min(100, int(self.projected / self.budget * 100)) if self.budget else None
 
 
-def month_spend(*, tenant: Tenant, at: datetime | None = None) -> Spend:
+def month_spend(*, tenant: Tenant, at: datetime | None = None, status: quotas.BudgetStatus | None = None) -> Spend:
     """Spend so far this calendar month (UTC), a straight-line projection to its
     end, and the budget with its alert state (from accounts.quotas)."""
     at = at or timezone.now()
     start, end = month_start(at), month_end(at)
-    status = quotas.budget_status(tenant, now=at)
+    status = status or quotas.budget_status(tenant, now=at)
     spent = status.usage.spend
     elapsed = max((at - start).total_seconds(), 3600.0)  # no wild projection in the month's first hour
     projected = (spent * Decimal((end - start).total_seconds()) / Decimal(elapsed)).quantize(Decimal("0.0001"))
@@ -114,9 +114,9 @@ class QuotaBar:
         return min(100, int(self.used / self.limit * 100)) if self.limit else None
 
 
-def quota_bars(*, tenant: Tenant, held: list[HeldGpus]) -> list[QuotaBar]:
+def quota_bars(*, tenant: Tenant, held: list[HeldGpus], status: quotas.BudgetStatus | None = None) -> list[QuotaBar]:
     """Capacity in use now and GPU-hours this month, against the tenant's limits."""
-    status = quotas.budget_status(tenant)
+    status = status or quotas.budget_status(tenant)
     limits = status.limits
     dedicated = Decimal(sum(h.gpu_milli for h in held if h.mode == JobMode.DEDICATED) // MILLI_PER_GPU)
     shared = Decimal(sum(h.gpu_milli for h in held if h.mode == JobMode.SHARED)) / MILLI_PER_GPU

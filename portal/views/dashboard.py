@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from accounts import quotas
+
 from .. import selectors
 from ..tenancy import tenant_page
 from .common import page
@@ -28,7 +30,8 @@ def dashboard(request):
     tenant = request.portal.tenant
     live = selectors.live_jobs(tenant=tenant)
     held = selectors.gpus_held(tenant=tenant)
-    spend = selectors.month_spend(tenant=tenant)
+    status = quotas.budget_status(tenant)
+    spend = selectors.month_spend(tenant=tenant, status=status)
     failures = selectors.recent_failures(tenant=tenant)
     return page(
         request,
@@ -38,7 +41,7 @@ def dashboard(request):
             "held": held,
             "held_gpus": sum(h.gpu_milli for h in held),
             "spend": spend,
-            "quotas": selectors.quota_bars(tenant=tenant, held=held),
+            "quotas": selectors.quota_bars(tenant=tenant, held=held, status=status),
             "failures": failures,
             "alerts": _alerts(spend=spend, failures=failures, live=live),
             "counts": selectors.state_counts(tenant=tenant),

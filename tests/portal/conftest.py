@@ -56,7 +56,9 @@ def job_ran(job: Job, node: Node, *, windows: int = 3, window_ms: int = 1000, am
     gpu = node.gpus.order_by("index").first()
     start = int(timezone.now().timestamp() * 1000) - windows * window_ms
     with scopes_disabled():
-        Allocation.objects.create(tenant_id=job.tenant_id, job=job, gpu=gpu, share_milli=1000)
+        Allocation.objects.create(
+            tenant_id=job.tenant_id, job=job, gpu=gpu, share_milli=1000, released_at=timezone.now()
+        )
         for seq in range(windows):
             UsageWindow.objects.create(
                 tenant_id=job.tenant_id,
