@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "axes",
     "accounts",
@@ -171,6 +172,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit GPU jobs, follow them, and read usage and invoices.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/docs/ works offline: Redoc and Swagger UI are served from our own static files.
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "gpushare.api.error_responses_hook"],
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "scheduler.models.JobState",
