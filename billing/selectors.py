@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, DateTimeField, F, Func, Max, Min, Q, Sum, Value
-from django.db.models.functions import TruncDay
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, Q, Sum, Value
 
 from accounts import quotas
 from accounts.models import Tenant
@@ -161,6 +160,8 @@ def job_estimate(
 # --- usage ------------------------------------------------------------------
 
 USAGE_GROUPS = ("day", "job", "gpu_model")
+MS_PER_DAY = 86_400_000
+EPOCH = date(1970, 1, 1)
 
 
 def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: str) -> list[dict]:
@@ -172,9 +173,8 @@ def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: s
     if group_by not in USAGE_GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(USAGE_GROUPS)}")
     qs = Charge.objects.filter(tenant=tenant, start_ms__gte=_ms(start), start_ms__lt=_ms(end))
-    if group_by == "day":
-        at = Func(F("start_ms") / Value(1000.0), function="to_timestamp", output_field=DateTimeField())
-        qs = qs.annotate(key=TruncDay(at, tzinfo=UTC))
+    if group_by == "day":  # whole UTC days since the epoch (integer division, in any database)
+        qs = qs.annotate(key=ExpressionWrapper(F("start_ms") / Value(MS_PER_DAY), output_field=BigIntegerField()))
     else:
         qs = qs.annotate(key=F("job_id" if group_by == "job" else "gpu_model"))
     rows = (
@@ -184,7 +184,7 @@ def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: s
     )
     return [
         {
-            group_by: r["key"].date().isoformat() if group_by == "day" else r["key"],
+            group_by: (EPOCH + timedelta(days=r["key"])).isoformat() if group_by == "day" else r["key"],
             "held_gpu_seconds": Decimal(r["gpu_ms"]) / 1000,
             "used_gpu_seconds": Decimal(r["sm"]) / 1000,
             "cost": rating.line_round(r["amount"]),

@@ -160,9 +160,42 @@ _CHARGE_COLUMNS = [
 ]  # fmt: skip
 
 
+def _charge_values(row: _Row, window_id: int, piece: rating.Piece) -> tuple:
+    """A charge row, in _CHARGE_COLUMNS order."""
+    return (
+        row.tenant_id,
+        window_id,
+        row.job_id,
+        piece.month,
+        piece.start_ms,
+        piece.end_ms,
+        row.gpu_model,
+        row.mode,
+        row.priority_class,
+        piece.price_id,
+        piece.rate_per_gpu_hour,
+        piece.gpu_ms,
+        piece.sm_util_ms,
+        piece.memory_mb_ms,
+        piece.energy_mj,
+        piece.amount,
+    )
+
+
 def _rows_insert(accepted: list[tuple[_Row, list[rating.Piece]]]) -> None:
     """Two multi-row INSERTs (windows, then their charges), whatever the batch size."""
     now = timezone.now()
+    if connection.vendor != "postgresql":  # the SQLite demo: the ORM's bulk insert
+        stored = UsageWindow.objects.bulk_create(
+            [UsageWindow(**row._asdict(), received_at=now) for row, _ in accepted], batch_size=500
+        )
+        charges = [
+            Charge(**dict(zip(_CHARGE_COLUMNS, _charge_values(row, window.pk, piece), strict=True)))
+            for (row, pieces), window in zip(accepted, stored, strict=True)
+            for piece in pieces
+        ]
+        Charge.objects.bulk_create(charges, batch_size=500)
+        return
     window_table, charge_table = UsageWindow._meta.db_table, Charge._meta.db_table
     with connection.cursor() as cursor:
         ids = execute_values(
@@ -173,24 +206,7 @@ def _rows_insert(accepted: list[tuple[_Row, list[rating.Piece]]]) -> None:
             fetch=True,
         )
         charges = [
-            (
-                row.tenant_id,
-                window_id,
-                row.job_id,
-                piece.month,
-                piece.start_ms,
-                piece.end_ms,
-                row.gpu_model,
-                row.mode,
-                row.priority_class,
-                piece.price_id,
-                piece.rate_per_gpu_hour,
-                piece.gpu_ms,
-                piece.sm_util_ms,
-                piece.memory_mb_ms,
-                piece.energy_mj,
-                piece.amount,
-            )  # fmt: skip
+            _charge_values(row, window_id, piece)
             for (row, pieces), (window_id,) in zip(accepted, ids, strict=True)
             for piece in pieces
         ]
