@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("fleet/", views.fleet, name="fleet"),
     path("fleet/nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
+    path("fleet/gpus/<int:pk>/return/", views.gpu_return, name="gpu-return"),
     path("queue/", views.queue, name="queue"),
     path("queue/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("queue/<int:pk>/class/", views.job_reclass, name="job-reclass"),

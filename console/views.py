@@ -17,7 +17,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django_scopes import scopes_disabled
 
-from agents.models import Node
+from agents import services as agent_services
+from agents.models import Gpu, Node
 from scheduler.models import PriorityClass
 
 from . import forms, replay, selectors, services
@@ -64,6 +65,20 @@ def node_action(request, pk: int, action: str):
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Node {node.name}: {action} done.")
+    return redirect("console:fleet")
+
+
+@staff_member_required
+@require_POST
+def gpu_return(request, pk: int):
+    gpu = Gpu.objects.select_related("node").filter(pk=pk).first()
+    if gpu is None:
+        raise Http404("no such GPU")
+    if gpu.health == Gpu.Health.OK:
+        messages.error(request, f"GPU {gpu} is in service already.")
+    else:
+        agent_services.gpu_return_to_service(gpu=gpu, actor=request.user, note=request.POST.get("note", "").strip())
+        messages.success(request, f"GPU {gpu} is back in service.")
     return redirect("console:fleet")
 
 

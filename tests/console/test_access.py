@@ -37,6 +37,7 @@ def test_non_staff_cannot_act_on_nodes_or_jobs(non_staff_client, fleet, tenant, 
         reverse("console:job-cancel", args=[job.pk]),
         reverse("console:job-reclass", args=[job.pk]),
         reverse("console:rules"),
+        reverse("console:gpu-return", args=[node.gpus.first().pk]),
     ):
         response = non_staff_client.post(url, {"priority": "serving", "_save": "1"})
         assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login")), url

@@ -98,3 +98,29 @@ def test_refused_transition_says_why_and_writes_nothing(staff_client, fleet):
     assert staff_client.post(reverse("console:node-action", args=[node.pk, "explode"])).status_code == 404
     assert staff_client.post(reverse("console:node-action", args=[99999, "cordon"])).status_code == 404
     assert not AuditLog.objects.exists()
+
+
+def test_a_gpu_out_of_service_can_be_returned_audited_and_is_used_again(staff_client, operator, tenant, rules):
+    from tests.console.conftest import node_with_gpus
+
+    node = node_with_gpus("solo", ("H100-80GB",))
+    gpu = node.gpus.get()
+    Gpu.objects.filter(pk=gpu.pk).update(health=Gpu.Health.OUT_OF_SERVICE, health_reason="XID 79")
+    job = queued_job(tenant)
+    schedule_pass()
+    with scopes_disabled():
+        job.refresh_from_db()
+    assert job.state == "queued"  # nothing in service to run on
+    assert 'action="/console/fleet/gpus/' in staff_client.get(reverse("console:fleet")).content.decode()
+    staff_client.post(reverse("console:gpu-return", args=[gpu.pk]), {"note": "reseated"})
+    gpu.refresh_from_db()
+    assert gpu.health == Gpu.Health.OK
+    entry = AuditLog.objects.get(action="gpu.return_to_service")
+    assert entry.actor == operator and entry.before["reason"] == "XID 79" and entry.after["note"] == "reseated"
+    schedule_pass()
+    with scopes_disabled():
+        job.refresh_from_db()
+    assert job.state == "scheduled" and job.node == node
+    response = staff_client.post(reverse("console:gpu-return", args=[gpu.pk]), follow=True)
+    assert "is in service already" in response.content.decode()
+    assert AuditLog.objects.filter(action="gpu.return_to_service").count() == 1
