@@ -245,15 +245,17 @@ def broker_cut(ctx) -> CaseResult:
         f["refused_connects"] = proxy.refused
         f["windows_before_cut"], f["windows_arrived_during_cut"] = before, during - before
         c("jobs kept running through the cut", set(states(ids).values()) == {"running"})
-        # Catch up: one window per job per second of the run must arrive.
-        expected = lambda: 2 * int(time.monotonic() - t_cut + 3)  # noqa: E731
+        # Caught up: every job's latest stored window ends within a few windows of now.
+        def caught_up() -> bool:
+            now_ms = time.time() * 1000
+            ends: dict[int, int] = {}
+            for w in windows_of(ids):
+                ends[w[0]] = max(ends.get(w[0], 0), w[4])
+            return len(ends) == len(ids) and all(end >= now_ms - 5000 for end in ends.values())
 
         t_restore = time.monotonic()
-        try:
-            stack.wait(lambda: len(windows_of(ids)) >= expected() - 4, 60, "windows to catch up")
-            f["catch_up_s"] = time.monotonic() - t_restore
-        except Exception:  # noqa: BLE001
-            f["catch_up_s"] = None
+        f["catch_up_s"] = time.monotonic() - t_restore if eventually(stack, caught_up, 90, "catch-up") else None
+        f["cut_lasted_s"] = round(t_restore - t_cut, 1)
         cancel_all(stack, ids)
         wait_states(stack, ids, TERMINAL, 60, "jobs cancelled")
         time.sleep(3)
@@ -347,7 +349,7 @@ def worker_kill_pass(ctx) -> CaseResult:
     stack.worker_start("worker2")
     t0 = time.monotonic()
     try:
-        stack.wait(lambda: all(s in TERMINAL for s in states(ids).values()), 240, "every job finished")
+        stack.wait(lambda: all(s in TERMINAL for s in states(ids).values()), 90, "every job finished")
         f["all_finished_s"] = time.monotonic() - t0
     except Exception:  # noqa: BLE001
         f["all_finished_s"] = None
@@ -374,6 +376,8 @@ def db_connections_killed(ctx) -> CaseResult:
     c, f = Checks(), {}
     session = stack.session()
     submit(stack, {"kind": "training", "gpus": 1, "command": ["true"]}, session)
+    for _ in range(30):  # every web worker holds a connection now
+        session.get(f"{stack.url}/api/v1/jobs/", timeout=30)
     time.sleep(2)
     with connection.cursor() as cur:
         cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -388,6 +392,7 @@ def db_connections_killed(ctx) -> CaseResult:
         f["job_after_kill_s"] = time.monotonic() - t0
     except Exception:  # noqa: BLE001
         f["job_after_kill_s"] = None
+    c("web and worker connections were killed (the check is not vacuous)", f["connections_killed"] >= 2)
     c("the API answers without a server error", f["errors_after_kill"] == 0)
     c("a job submitted after the kill runs to success", f["job_after_kill_s"] is not None)
     return CaseResult("DB connections killed", c.passed, f, c.results)
@@ -482,6 +487,93 @@ def job_containment(ctx) -> CaseResult:
     return CaseResult("fork / ignore SIGTERM / log flood", c.passed, f, c.results)
 
 
+def stripe_outage(ctx) -> CaseResult:
+    """Stripe (localstripe) down, then answering 500, during invoice sync: retried with the
+    same idempotency keys, exactly one invoice and one item per line at Stripe."""
+    import sys
+
+    import requests
+    from django_scopes import scopes_disabled
+
+    from bench.fixtures import finished_jobs_create
+    from bench.slurm import free_port
+    from bench.stack import Proc
+
+    from .proxy import CuttableProxy
+
+    try:
+        from billing.gateway import GatewayError, StripeGateway
+        from billing.services.ingest import usage_windows_ingest
+        from billing.services.invoices import invoices_close_month
+        from billing.services.payments import invoice_send
+    except ImportError as exc:
+        return CaseResult("Stripe outage", False, error=f"billing's Stripe module is missing: {exc}")
+    stack = stack_start(ctx, "stripe-outage")
+    c, f = Checks(), {}
+    port = free_port()
+    stripe_proc = Proc("localstripe", [sys.executable, "-m", "localstripe", "--port", str(port), "--from-scratch"],
+                       dict(os.environ), stack.workdir / "localstripe.log").start()
+    stack.procs["localstripe"] = stripe_proc
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return requests.get(f"{base}/v1/customers", auth=("sk_test_local", ""), timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    stack.wait(up, 60, "localstripe", "localstripe")
+    proxy = CuttableProxy("127.0.0.1", port)
+    try:
+        from agents.models import Node
+
+        job_id = finished_jobs_create(tenant_id=stack.tenant_id, node_name=stack.config.node, count=1)[0]
+        start = int(time.time() * 1000) - 600_000
+        usage_windows_ingest(node=Node.objects.get(name=stack.config.node), windows=[
+            {"job_id": job_id, "attempt": 1, "seq": i, "start_ms": start + i * 10_000,
+             "end_ms": start + (i + 1) * 10_000}
+            for i in range(10)
+        ])
+        with scopes_disabled():
+            from billing.models import Charge
+
+            month = Charge.objects.filter(job_id=job_id).first().month
+        invoice = invoices_close_month(month=month)[0]
+        lines = invoice.lines.filter(amount__gt=0).count()
+        gw = StripeGateway(api_key="sk_test_local", api_base=f"http://127.0.0.1:{proxy.port}", localstripe=True)
+        outcomes = []
+        for mode in ("down", "500", "up"):
+            {"down": proxy.cut, "500": proxy.http_500, "up": proxy.restore}[mode]()
+            try:
+                invoice_send(invoice_id=invoice.pk, gw=gw)
+                outcomes.append((mode, "sent"))
+            except GatewayError as exc:
+                outcomes.append((mode, f"transient={exc.transient}"))
+        # A retry after success changes nothing.
+        invoice_send(invoice_id=invoice.pk, gw=gw)
+        f["attempts"] = outcomes
+        f["http_500_answers"] = proxy.answered_500
+        invoice.refresh_from_db()
+        f["invoice_state"] = invoice.state
+        auth = ("sk_test_local", "")
+        customer = invoice.stripe_customer_id
+        remote_invoices = requests.get(f"{base}/v1/invoices", params={"customer": customer}, auth=auth,
+                                       timeout=10).json().get("data", [])
+        ours = [i for i in remote_invoices if str(i.get("metadata", {}).get("invoice_id", "")) == str(invoice.pk)
+                or i.get("id") == invoice.stripe_invoice_id]
+        items = requests.get(f"{base}/v1/invoiceitems", params={"customer": customer}, auth=auth,
+                             timeout=10).json().get("data", [])
+        f["stripe_invoices"], f["stripe_items"], f["lines"] = len(ours), len(items), lines
+        c("failures while Stripe is down or 500 are transient (retryable)",
+          all(o == "transient=True" for m, o in outcomes if m != "up"))
+        c("sent once Stripe is back", outcomes[-1][1] == "sent" and invoice.state != "draft")
+        c("exactly one invoice at Stripe", len(ours) == 1)
+        c("exactly one item per line at Stripe", len(items) == lines)
+    finally:
+        proxy.close()
+    return CaseResult("Stripe down / 500", c.passed, f, c.results)
+
+
 CASES = {
     "agent-kill9": agent_kill9,
     "broker-cut": broker_cut,
@@ -490,4 +582,5 @@ CASES = {
     "db-connections": db_connections_killed,
     "quota-burst": quota_burst,
     "containment": job_containment,
+    "stripe-outage": stripe_outage,
 }

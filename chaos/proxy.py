@@ -1,7 +1,9 @@
-"""A TCP proxy that can cut its link: the agent talks to Redis through it.
+"""A TCP proxy that can cut its link: the agent talks to Redis through it,
+the Stripe gateway to localstripe.
 
 ``cut()`` drops every open connection and refuses new ones (accepted, then
-closed at once) until ``restore()``; the shared Redis server is never touched.
+closed at once) until ``restore()``; ``http_500()`` answers every new
+connection with an HTTP 500. The shared Redis server is never touched.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ class CuttableProxy:
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
         self.is_cut = False
+        self.answer_500 = False
+        self.answered_500 = 0
         self.connections = 0
         self.refused = 0
         self.running = True
@@ -34,6 +38,10 @@ class CuttableProxy:
                     self.refused += 1
                     client.close()
                     continue
+                if self.answer_500:
+                    self.answered_500 += 1
+                    threading.Thread(target=self._fail_http, args=(client,), daemon=True).start()
+                    continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -45,6 +53,22 @@ class CuttableProxy:
                 self.connections += 1
             threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _fail_http(client: socket.socket) -> None:
+        """Read one HTTP request head and answer 500, as a broken upstream would."""
+        try:
+            client.settimeout(5)
+            client.recv(65536)
+            body = b'{"error": {"message": "chaos: upstream answered 500", "type": "api_error"}}'
+            client.sendall(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+            )
+        except OSError:
+            pass
+        finally:
+            client.close()
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -72,9 +96,17 @@ class CuttableProxy:
         for s in victims:
             self._close(s)
 
+    def http_500(self) -> None:
+        """Answer every new connection with an HTTP 500 (open ones are dropped)."""
+        self.cut()
+        with self.lock:
+            self.is_cut = False
+            self.answer_500 = True
+
     def restore(self) -> None:
         with self.lock:
             self.is_cut = False
+            self.answer_500 = False
 
     def close(self) -> None:
         self.running = False
