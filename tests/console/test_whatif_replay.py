@@ -244,3 +244,19 @@ def test_preemptions_in_the_replay_match_the_real_scheduler(db, rules, operator)
     later = run_real_scheduler(PREEMPTION_HISTORY, start=T0 + timedelta(days=1), tenants=tenants)
     assert [j.preemption_count for j in later] == [0] * len(PREEMPTION_HISTORY)
     assert first_waits_min(later) == [comparison.after.outcomes[j.pk].wait_ms / MIN for j in recorded]
+
+
+def test_a_window_too_large_to_replay_is_refused_with_the_limit(staff_client, rules, monkeypatch):
+    from django.utils import timezone
+
+    from tests.console.test_rules import form_data
+
+    node_with_gpus("solo", ("H100-80GB",))
+    tenants = {"alpha": TenantFactory(slug="alpha"), "bravo": TenantFactory(slug="bravo")}
+    run_real_scheduler(HISTORY[:3], start=timezone.now() - timedelta(hours=2), tenants=tenants)
+    monkeypatch.setattr(replay, "MAX_REPLAY_JOBS", 2)
+    response = staff_client.post(reverse("console:rules"), {**form_data(), "hours": "6", "_preview": "1"})
+    assert response.context["comparison"] is None
+    assert response.context["problems"] == [
+        "the last 6 h hold 3 submissions and a preview replays at most 2: choose a shorter window"
+    ]
