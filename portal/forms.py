@@ -10,6 +10,7 @@ from decimal import Decimal, InvalidOperation
 from django import forms
 from rest_framework.exceptions import ValidationError as DRFValidationError
 
+from accounts.models import Role
 from accounts.services import ALL_SCOPES, DEFAULT_SCOPES
 from scheduler import services
 from scheduler.api.serializers import JobCreateSerializer
@@ -202,6 +203,15 @@ def curl_for(body: dict, *, base_url: str) -> str:
         '  -H "Idempotency-Key: $(uuidgen)" \\\n'
         f"  -d {shlex.quote(payload)}"
     )
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(label="Email", help_text="They get a one-time link, valid for a few days.")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label="Role")
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices, label="Role")
 
 
 class TokenCreateForm(forms.Form):

@@ -23,4 +23,7 @@ urlpatterns = [
     path("team/", team.team, name="team"),
     path("team/tokens/", team.token_create, name="token_create"),
     path("team/tokens/<int:pk>/revoke/", team.token_revoke, name="token_revoke"),
+    path("team/invite/", team.member_invite, name="member_invite"),
+    path("team/members/<int:pk>/role/", team.member_role, name="member_role"),
+    path("team/members/<int:pk>/remove/", team.member_remove, name="member_remove"),
 ]
