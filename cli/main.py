@@ -180,17 +180,31 @@ class LogFollower:
         return printed
 
 
+def _transient(exc: ApiError) -> bool:
+    """Unreachable, or the platform's own trouble: worth waiting out."""
+    return exc.status is None or exc.status >= 500 or exc.status == 429
+
+
+def _outage_patience() -> float:
+    try:
+        return float(os.environ.get("GPUSHARE_OUTAGE_PATIENCE", "900"))
+    except ValueError:
+        return 900.0
+
+
 def wait_for_job(client: Client, job: dict, *, timeout: float | None, follow: bool = False, quiet: bool = False,
                  cancel_on_timeout: bool = False, as_json: bool = False) -> int:
+    """Poll until the job ends and return its exit code (see the module doc).
+
+    A platform outage that outlasts the client's own retries is waited out for up
+    to GPUSHARE_OUTAGE_PATIENCE seconds (default 900): the job runs on regardless.
+    """
     deadline = time.monotonic() + timeout if timeout else None
     interval = _poll_interval()
     logs = LogFollower(client, job["id"]) if follow else None
     seen = (job["state"], job.get("queue_position"))
-    preempted_since = None
+    preempted_since = outage_since = None
     while True:
-        if logs is not None:
-            while logs.poll():
-                pass
         if job["state"] in FINAL_STATES:
             if logs is None or logs.complete:
                 break
@@ -207,7 +221,23 @@ def wait_for_job(client: Client, job: dict, *, timeout: float | None, follow: bo
                 _err(f"job {job['id']}: cancel requested")
             return EXIT_TIMEOUT
         time.sleep(interval)
-        job = client.job(job["id"])
+        try:
+            if logs is not None:
+                while logs.poll():
+                    pass
+            job = client.job(job["id"])
+        except ApiError as exc:
+            if not _transient(exc):
+                raise
+            outage_since = outage_since or time.monotonic()
+            if time.monotonic() - outage_since > _outage_patience():
+                raise
+            if not quiet:
+                _err(f"platform unreachable, still waiting: {exc}")
+            continue
+        if outage_since is not None and not quiet:
+            _err("the platform answers again")
+        outage_since = None
         now = (job["state"], job.get("queue_position"))
         if now != seen and not quiet:
             _err(f"job {job['id']}: {job['state']}" + _queue_text(job))

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,15 +82,20 @@ def test_logs_follow_streams_until_the_job_ends(platform, agent_factory, tmp_pat
         assert Job.objects.get(pk=int(job_id)).state == "succeeded"
 
 
-class DropFirstResponseProxy:
-    """A TCP proxy that forwards the first request, lets the server answer, then drops the answer.
+class FlakyProxy:
+    """A TCP proxy in front of the live server, with two kinds of trouble.
 
-    What a CI runner sees when its network flaps after the platform has
-    already created the job. Later connections are proxied faithfully.
+    ``drop_first``: forward the first request, let the server answer, then drop
+    the answer (what a CI runner sees when its network flaps after the
+    platform has already created the job). ``down``: while set, every new
+    connection is closed at once (an outage). Otherwise it proxies faithfully.
     """
 
-    def __init__(self, upstream_port: int):
+    def __init__(self, upstream_port: int, *, drop_first: bool = False):
         self.upstream_port = upstream_port
+        self.drop_first = drop_first
+        self.down = False
+        self.open: list[socket.socket] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
@@ -103,10 +109,25 @@ class DropFirstResponseProxy:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._serve, args=(client, self.connections == 1), daemon=True).start()
+            if self.down:
+                client.close()
+                continue
+            drop = self.drop_first and self.connections == 1
+            threading.Thread(target=self._serve, args=(client, drop), daemon=True).start()
+
+    def outage(self, down: bool):
+        """Start (closing every open connection) or end an outage."""
+        self.down = down
+        if down:
+            for s in list(self.open):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _serve(self, client: socket.socket, drop: bool):
         upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        self.open += [client, upstream]
         threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
         while True:
             data = upstream.recv(65536)
@@ -139,7 +160,7 @@ def test_a_lost_response_during_submit_does_not_create_a_second_job(live_server,
     platform_rules_seed()
     tenant = TenantFactory(slug="flaky")
     token = token_for(tenant)
-    proxy = DropFirstResponseProxy(int(live_server.url.rsplit(":", 1)[1]))
+    proxy = FlakyProxy(int(live_server.url.rsplit(":", 1)[1]), drop_first=True)
     try:
         done = run_cli(f"http://127.0.0.1:{proxy.port}", token, "submit", "--", "python", "train.py")
     finally:
@@ -151,6 +172,34 @@ def test_a_lost_response_during_submit_does_not_create_a_second_job(live_server,
     jobs = jobs_of(tenant)
     assert len(jobs) == 1
     assert int(done.stdout.strip()) == jobs[0].pk
+
+
+def test_wait_rides_out_a_platform_outage(live_server, transactional_db):
+    from scheduler.services import job_cancel
+
+    platform_rules_seed()
+    tenant = TenantFactory(slug="outage")
+    token = token_for(tenant)
+    submitted = run_cli(live_server.url, token, "submit", "--", "python", "x.py")
+    job_id = int(submitted.stdout.strip())
+    proxy = FlakyProxy(int(live_server.url.rsplit(":", 1)[1]))
+    env = {"PATH": "/usr/bin:/bin", "GPUSHARE_URL": f"http://127.0.0.1:{proxy.port}", "GPUSHARE_TOKEN": token,
+           "GPUSHARE_POLL_INTERVAL": "0.3", "XDG_CONFIG_HOME": str(ROOT / "var" / "no-config")}
+    waiting = subprocess.Popen([sys.executable, "-m", "cli", "--retries", "1", "wait", str(job_id)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        proxy.outage(True)  # the platform vanishes for a while...
+        time.sleep(4)
+        with scopes_disabled():
+            job_cancel(job=Job.objects.get(pk=job_id))  # ...and meanwhile the job ends
+        proxy.outage(False)
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+        proxy.close()
+    assert "platform unreachable, still waiting" in err
+    assert waiting.returncode == EXIT_CANCELLED, err
 
 
 def test_wait_timeout_and_cancel(live_server, transactional_db):
