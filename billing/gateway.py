@@ -147,34 +147,45 @@ class StripeGateway:
         card = pm.to_dict().get("card") or {}
         return StripePaymentMethod(id=pm.id, brand=card.get("brand", ""), last4=card.get("last4", ""))
 
+    @property
+    def items_before_invoice(self) -> bool:
+        """localstripe only puts pending items on an invoice when it is created; Stripe takes ``invoice=``."""
+        return self.localstripe
+
     def invoice_item_create(
-        self, *, customer_id: str, line_id: int, amount_cents: int, currency: str, description: str
+        self,
+        *,
+        customer_id: str,
+        line_id: int,
+        amount_cents: int,
+        currency: str,
+        description: str,
+        stripe_invoice_id: str = "",
     ) -> StripeInvoiceItem:
-        item = self._call(
-            self.client.v1.invoice_items.create,
-            {
-                "customer": customer_id,
-                "amount": amount_cents,
-                "currency": currency,
-                "description": description,
-                "metadata": {"gpushare_invoice_line_id": str(line_id)},
-            },
-            key=_key("invoice-line", line_id),
-        )
+        params = {
+            "customer": customer_id,
+            "amount": amount_cents,
+            "currency": currency,
+            "description": description,
+            "metadata": {"gpushare_invoice_line_id": str(line_id)},
+        }
+        if stripe_invoice_id:
+            params["invoice"] = stripe_invoice_id
+        item = self._call(self.client.v1.invoice_items.create, params, key=_key("invoice-line", line_id))
         return StripeInvoiceItem(id=item.id, amount_cents=item.amount)
 
     def invoice_create(self, *, customer_id: str, invoice_id: int, description: str) -> StripeInvoice:
-        """Create the Stripe invoice holding the customer's pending items (ours, just created)."""
-        invoice = self._call(
-            self.client.v1.invoices.create,
-            {
-                "customer": customer_id,
-                "description": description,
-                "pending_invoice_items_behavior": "include",
-                "metadata": {"gpushare_invoice_id": str(invoice_id)},
-            },
-            key=_key("invoice", invoice_id),
-        )
+        """A draft invoice. With Stripe it starts empty (our items are added to it by id, so another
+        month's stray pending items can never land on it); localstripe sweeps in the pending items."""
+        params = {
+            "customer": customer_id,
+            "description": description,
+            "pending_invoice_items_behavior": "include" if self.items_before_invoice else "exclude",
+            "metadata": {"gpushare_invoice_id": str(invoice_id)},
+        }
+        if not self.localstripe:
+            params["auto_advance"] = False  # we finalize and pay it ourselves
+        invoice = self._call(self.client.v1.invoices.create, params, key=_key("invoice", invoice_id))
         return self._invoice(invoice)
 
     def invoice_finalize(self, *, stripe_invoice_id: str, invoice_id: int) -> StripeInvoice:

@@ -61,6 +61,29 @@ def _line_description(line: InvoiceLine, month) -> str:
     )
 
 
+def _items_push(invoice: Invoice, *, customer_id: str, gw, stripe_invoice_id: str) -> None:
+    for line in invoice.lines.filter(stripe_item_id="", amount__gt=0).order_by("pk"):
+        item = gw.invoice_item_create(
+            customer_id=customer_id,
+            line_id=line.pk,
+            amount_cents=int(line.amount * 100),
+            currency=invoice.currency,
+            description=_line_description(line, invoice.month),
+            stripe_invoice_id=stripe_invoice_id,
+        )
+        InvoiceLine.objects.filter(pk=line.pk).update(stripe_item_id=item.id)
+
+
+def _invoice_push(invoice: Invoice, *, customer_id: str, gw) -> None:
+    if invoice.stripe_invoice_id:
+        return
+    created = gw.invoice_create(
+        customer_id=customer_id, invoice_id=invoice.pk, description=f"gpushare GPU usage {invoice.month:%Y-%m}"
+    )
+    Invoice.objects.filter(pk=invoice.pk).update(stripe_invoice_id=created.id, stripe_customer_id=customer_id)
+    invoice.stripe_invoice_id = created.id
+
+
 @scopes_disabled()
 def invoice_send(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None = None) -> Invoice:
     """Push a draft invoice to Stripe (customer, items, invoice, finalize) and try to collect it."""
@@ -69,21 +92,12 @@ def invoice_send(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None = N
     if invoice.state != Invoice.State.DRAFT:
         return invoice
     customer_id = customer_ensure(tenant=invoice.tenant, gw=gw)
-    for line in invoice.lines.filter(stripe_item_id="", amount__gt=0).order_by("pk"):
-        item = gw.invoice_item_create(
-            customer_id=customer_id,
-            line_id=line.pk,
-            amount_cents=int(line.amount * 100),
-            currency=invoice.currency,
-            description=_line_description(line, invoice.month),
-        )
-        InvoiceLine.objects.filter(pk=line.pk).update(stripe_item_id=item.id)
-    if not invoice.stripe_invoice_id:
-        created = gw.invoice_create(
-            customer_id=customer_id, invoice_id=invoice.pk, description=f"gpushare GPU usage {invoice.month:%Y-%m}"
-        )
-        Invoice.objects.filter(pk=invoice.pk).update(stripe_invoice_id=created.id, stripe_customer_id=customer_id)
-        invoice.stripe_invoice_id = created.id
+    if gw.items_before_invoice:
+        _items_push(invoice, customer_id=customer_id, gw=gw, stripe_invoice_id="")
+        _invoice_push(invoice, customer_id=customer_id, gw=gw)
+    else:
+        _invoice_push(invoice, customer_id=customer_id, gw=gw)
+        _items_push(invoice, customer_id=customer_id, gw=gw, stripe_invoice_id=invoice.stripe_invoice_id)
     finalized = gw.invoice_finalize(stripe_invoice_id=invoice.stripe_invoice_id, invoice_id=invoice.pk)
     if finalized.amount_due_cents != int(invoice.total * 100):
         log.error("stripe invoice %s is due %s cents, ours %s", finalized.id, finalized.amount_due_cents, invoice.total)

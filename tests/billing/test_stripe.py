@@ -155,11 +155,13 @@ class RecordedStripe(BaseHTTPRequestHandler):
     """Replays responses recorded from api.stripe.com; the first /pay answers 500 once."""
 
     seen: list[tuple[str, str, str]] = []
+    bodies: list[str] = []
     fail_pay_once = True
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         self.seen.append(("POST", self.path, self.headers.get("Idempotency-Key", "")))
+        self.bodies.append(body)
         if self.path.endswith("/pay") and RecordedStripe.fail_pay_once:
             RecordedStripe.fail_pay_once = False
             return self._send(500, {"error": {"type": "api_error", "message": "try again"}})
@@ -183,7 +185,7 @@ def test_real_stripe_flow_finalizes_retries_5xx_with_the_same_key(fleet, tenant)
     invoice = march_invoice(fleet, tenant)
     server = ThreadingHTTPServer(("127.0.0.1", 0), RecordedStripe)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    RecordedStripe.seen, RecordedStripe.fail_pay_once = [], True
+    RecordedStripe.seen, RecordedStripe.bodies, RecordedStripe.fail_pay_once = [], [], True
     try:
         gw = StripeGateway(api_key="sk_test_x", api_base=f"http://127.0.0.1:{server.server_port}", localstripe=False)
         invoice_send(invoice_id=invoice.pk, gw=gw)
@@ -193,14 +195,16 @@ def test_real_stripe_flow_finalizes_retries_5xx_with_the_same_key(fleet, tenant)
     paths = [p for _, p, _ in RecordedStripe.seen]
     assert paths == [
         "/v1/customers",
+        "/v1/invoices",  # an empty draft first: items are added to it by id
         "/v1/invoiceitems",
-        "/v1/invoices",
         "/v1/invoices/in_R1/finalize",
         "/v1/invoices/in_R1/pay",
         "/v1/invoices/in_R1/pay",
     ]
     keys = [k for _, _, k in RecordedStripe.seen]
     assert all(k.startswith("gpushare-") for k in keys)
+    assert "pending_invoice_items_behavior=exclude" in RecordedStripe.bodies[1]
+    assert "invoice=in_R1" in RecordedStripe.bodies[2] and "amount=498" in RecordedStripe.bodies[2]
     assert keys[-1] == keys[-2] == f"gpushare-invoice-pay-{invoice.pk}-1"  # the retry replays, never a 2nd charge
     assert state_of(invoice).state == Invoice.State.PAID
 
