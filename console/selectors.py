@@ -204,13 +204,16 @@ def tenant_slugs() -> list[str]:
 
 # --- reports ---------------------------------------------------------------
 
+GPU_HOUR = 1000 * 3_600_000  # the ledger counts milli-GPU-milliseconds
+
 
 @dataclass
 class UsageLine:
     name: str
     gpus: int = 0
-    available_gpu_hours: float = 0.0
+    available_gpu_hours: float = 0.0  # in service
     held_gpu_hours: float = 0.0
+    out_of_service_gpu_hours: float = 0.0
     revenue: Decimal = Decimal(0)
 
     @property
@@ -222,70 +225,49 @@ class UsageLine:
         return max(0.0, self.available_gpu_hours - self.held_gpu_hours)
 
 
+def _line(totals) -> UsageLine:
+    return UsageLine(
+        name=totals.key,
+        gpus=totals.gpus,
+        available_gpu_hours=(totals.capacity - totals.out_of_service) / GPU_HOUR,
+        held_gpu_hours=totals.held / GPU_HOUR,
+        out_of_service_gpu_hours=totals.out_of_service / GPU_HOUR,
+        revenue=totals.revenue,
+    )
+
+
 @dataclass
 class Report:
     month: date
-    start: datetime
     until: datetime
     by_model: list[UsageLine]
     by_node: list[UsageLine]
+    total: UsageLine
     top_tenants: list[UsageLine]
-
-    @property
-    def total(self) -> UsageLine:
-        line = UsageLine("all")
-        for item in self.by_model:
-            line.gpus += item.gpus
-            line.available_gpu_hours += item.available_gpu_hours
-            line.held_gpu_hours += item.held_gpu_hours
-            line.revenue += item.revenue
-        return line
-
-
-HOUR_MS = 3_600_000
+    problems: list[str]
 
 
 @scopes_disabled()
 def usage_report(*, month: date, now: datetime) -> Report:
-    """Utilisation, idle capacity and revenue per GPU model and node for a month (to now if current).
+    """Utilisation, idle and out-of-service capacity and revenue per GPU model and node for a month
+    (up to now if current), from the billing ledger (every GPU-second: held + idle + out of service);
+    and the top tenants by revenue."""
+    from billing.models import Charge
+    from billing.selectors import ledger_month
 
-    Held time comes from the metered usage windows; revenue from the rated
-    charges. Available time is GPUs x hours of the month so far (GPUs
-    registered mid-month and outages are not subtracted: the billing ledger
-    does that exactly).
-    """
-    from billing.models import Charge, UsageWindow
-
-    start = datetime(month.year, month.month, 1, tzinfo=UTC)
-    next_month = datetime(month.year + month.month // 12, month.month % 12 + 1, 1, tzinfo=UTC)
-    until = min(now, next_month)
-    hours = max(0.0, (until - start).total_seconds() / 3600)
-    start_ms, until_ms = int(start.timestamp() * 1000), int(until.timestamp() * 1000)
-
-    by_model: dict[str, UsageLine] = {}
-    by_node: dict[str, UsageLine] = {}
-    for model, node, count in Gpu.objects.values_list("model", "node__name").annotate(n=Count("id")):
-        for table, key in ((by_model, model), (by_node, node)):
-            line = table.setdefault(key, UsageLine(key))
-            line.gpus += count
-            line.available_gpu_hours += count * hours
-    windows = UsageWindow.objects.filter(start_ms__gte=start_ms, start_ms__lt=until_ms)
-    for model, node, gpu_ms in windows.values_list("gpu_model", "node__name").annotate(ms=Sum("gpu_ms")):
-        by_model.setdefault(model, UsageLine(model)).held_gpu_hours += gpu_ms / HOUR_MS
-        by_node.setdefault(node, UsageLine(node)).held_gpu_hours += gpu_ms / HOUR_MS
-    charges = Charge.objects.filter(month=month)
-    for model, node, amount in charges.values_list("gpu_model", "window__node__name").annotate(a=Sum("amount")):
-        by_model.setdefault(model, UsageLine(model)).revenue += amount
-        by_node.setdefault(node, UsageLine(node)).revenue += amount
+    ledger = ledger_month(month=month, until=now)
     tenants: dict[str, UsageLine] = {}
-    for slug, amount in charges.values_list("tenant__slug").annotate(a=Sum("amount")):
-        tenants.setdefault(slug, UsageLine(slug)).revenue += amount
-    for slug, gpu_ms in windows.values_list("tenant__slug").annotate(ms=Sum("gpu_ms")):
-        tenants.setdefault(slug, UsageLine(slug)).held_gpu_hours += gpu_ms / HOUR_MS
+    charges = Charge.objects.filter(month=month)
+    for slug, amount, gpu_ms in charges.values_list("tenant__slug").annotate(a=Sum("amount"), ms=Sum("gpu_ms")):
+        tenants[slug] = UsageLine(slug, held_gpu_hours=gpu_ms / 3_600_000, revenue=amount)
     top = sorted(tenants.values(), key=lambda t: (-t.revenue, -t.held_gpu_hours, t.name))[:10]
+    total = _line(ledger.total) if ledger.total else UsageLine("all")
     return Report(
-        month=month, start=start, until=until,
-        by_model=sorted(by_model.values(), key=lambda x: x.name),
-        by_node=sorted(by_node.values(), key=lambda x: x.name),
+        month=month,
+        until=min(now, datetime.fromtimestamp(ledger.end_ms / 1000, tz=UTC)),
+        by_model=[_line(t) for t in ledger.by_model],
+        by_node=[_line(t) for t in ledger.by_node],
+        total=total,
         top_tenants=top,
+        problems=ledger.problems,
     )
