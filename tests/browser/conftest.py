@@ -55,7 +55,8 @@ def screenshot():
 
 @pytest.fixture
 def page_for(browser, live_server):
-    """``page_for(user, password=..., viewport=...)`` -> a Playwright page logged in as ``user``.
+    """``page_for(user, password=..., viewport=...)`` -> a Playwright page logged in as ``user``
+    (``user=None``: a visitor who is not logged in).
 
     Logs in through the login form when the accounts app serves one; otherwise
     (before it exists) puts a real session cookie for the user in the browser.
@@ -63,14 +64,12 @@ def page_for(browser, live_server):
     contexts = []
 
     def make(user, *, password: str | None = None, viewport=(1280, 900)):
-        context = browser.new_context(
-            base_url=live_server.url, viewport={"width": viewport[0], "height": viewport[1]}
-        )
+        context = browser.new_context(base_url=live_server.url, viewport={"width": viewport[0], "height": viewport[1]})
         context.set_default_timeout(30_000)
         contexts.append(context)
         page = context.new_page()
         page.on("console", lambda msg: msg.type == "error" and print("browser console:", msg.text))
-        if not _form_login(page, user, password):
+        if user is not None and not _form_login(page, user, password):
             _cookie_login(context, user, live_server.url)
         return page
 

@@ -33,10 +33,27 @@ def owner_of(slug: str):
         return tenant, Membership.objects.select_related("user").get(tenant=tenant).user
 
 
+def sign_up(page, *, organisation: str, slug: str, email: str) -> None:
+    """Through the accounts app's sign-up page."""
+    page.goto("/accounts/signup/")
+    page.fill("#id_organisation", organisation)
+    page.fill("#id_slug", slug)
+    page.fill("#id_email", email)
+    page.fill("#id_password1", PASSWORD)
+    page.fill("#id_password2", PASSWORD)
+    page.locator("form [type=submit]").click()
+    page.wait_for_url(lambda url: "/accounts/signup/" not in url)
+
+
 def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_factory, page_for, screenshot):
     agent_factory("node-1")
-    tenant, owner = owner_of("acme")
-    page = page_for(owner, password=PASSWORD)
+    page = page_for(None)
+    page.goto("/accounts/signup/")
+    screenshot(page, "00-signup")
+    sign_up(page, organisation="Acme", slug="acme", email="eng@acme.test")
+    with scopes_disabled():
+        owner = Membership.objects.select_related("user", "tenant").get(user__username="eng@acme.test", role=Role.OWNER)
+        tenant, owner = owner.tenant, owner.user
 
     page.goto("/")
     assert page.locator("h1").inner_text() == "Acme"
