@@ -199,3 +199,34 @@ def test_token_create_validates_and_audits(tenant, other_tenant):
     entry = AuditLog.objects.get(tenant=tenant, action="token.create")
     assert entry.target == issued.token.prefix and entry.after["name"] == "x"
     assert issued.plaintext not in str(entry.after)
+
+
+def test_tenant_quota_and_suspend_commands(tenant):
+    from accounts.models import Plan
+    from accounts.quotas import limits_for
+
+    Plan.objects.create(name="team", max_gpus_per_job=4, monthly_spend_limit="500.00")
+    out = StringIO()
+    call_command(
+        "tenant_quota", tenant.slug, "--plan", "team", "--max-open-jobs", "20", "--on-budget-exhausted", "finish",
+        stdout=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert "max_gpus_per_job: 4" in text and "max_open_jobs: 20" in text and "monthly_spend_limit: 500.00" in text
+    assert "this month: 0.000 GPU-hours, spend 0.00" in text
+    call_command("tenant_quota", tenant.slug, "--clear", "max_open_jobs", stdout=StringIO())
+    assert limits_for(tenant).max_open_jobs is None
+    with pytest.raises(CommandError, match="no plan 'gold'"):
+        call_command("tenant_quota", tenant.slug, "--plan", "gold", stdout=StringIO())
+    with pytest.raises(CommandError, match="between 1 and 100"):
+        call_command("tenant_quota", tenant.slug, "--budget-alert-percent", "150", stdout=StringIO())
+    assert AuditLog.objects.filter(tenant=tenant, action="quota.set").count() == 2
+
+    with pytest.raises(CommandError, match="needs a reason"):
+        call_command("tenant_suspend", tenant.slug, stdout=StringIO())
+    out = StringIO()
+    call_command("tenant_suspend", tenant.slug, "--reason", "unpaid", stdout=out)
+    assert "is suspended" in out.getvalue()
+    call_command("tenant_suspend", tenant.slug, "--reinstate", stdout=out)
+    tenant.refresh_from_db()
+    assert tenant.state == Tenant.State.ACTIVE
