@@ -135,3 +135,35 @@ def test_admin_pages_are_staff_only(staff_client, non_staff_client, fleet, rules
     for client in (Client(), non_staff_client):
         response = client.get(reverse(name))
         assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
+
+
+def test_plan_and_tenant_profile_edits_are_audited(staff_client, operator, tenant):
+    response = staff_client.post(reverse("admin:accounts_plan_add"), {
+        "name": "startup", "max_dedicated_gpus": "4", "monthly_spend_limit": "1000.00",
+        "on_budget_exhausted": "stop", "on_suspended": "finish",
+    })
+    assert response.status_code == 302
+    plan = Plan.objects.get(name="startup")
+    created = AuditLog.objects.get(action="plan.create")
+    assert created.actor == operator and created.after["max_dedicated_gpus"] == 4
+    response = staff_client.post(reverse("admin:accounts_plan_change", args=[plan.pk]), {
+        "name": "startup", "max_dedicated_gpus": "6", "monthly_spend_limit": "1000.00",
+        "on_budget_exhausted": "stop", "on_suspended": "finish",
+    })
+    assert response.status_code == 302
+    updated = AuditLog.objects.get(action="plan.update")
+    assert updated.before == {"max_dedicated_gpus": 4} and updated.after == {"max_dedicated_gpus": 6}
+
+    url = reverse("admin:accounts_tenant_change", args=[tenant.pk])
+    prefix = staff_client.get(url).context["inline_admin_formsets"][0].formset.prefix
+    response = staff_client.post(url, {
+        "name": "Tenant A Ltd", "billing_email": "ap@tenant-a.test",
+        f"{prefix}-TOTAL_FORMS": "0", f"{prefix}-INITIAL_FORMS": "0", f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1",
+    })
+    assert response.status_code == 302
+    tenant.refresh_from_db()
+    assert (tenant.name, tenant.billing_email) == ("Tenant A Ltd", "ap@tenant-a.test")
+    entry = AuditLog.objects.get(action="tenant.update")
+    assert entry.after == {"name": "Tenant A Ltd", "billing_email": "ap@tenant-a.test"}
+    assert entry.before["name"] == "Tenant-A" and entry.tenant == tenant
