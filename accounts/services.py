@@ -76,6 +76,20 @@ def tenant_create(*, slug: str, name: str = "", owner_email: str, owner_password
     return tenant
 
 
+@transaction.atomic
+def signup_create(*, organisation: str, slug: str, email: str, password: str):
+    """Self-service sign-up: a NEW user and a new tenant it owns. Never touches an existing
+    account (an email or slug taken meanwhile raises IntegrityError and nothing is written)."""
+    user = get_user_model().objects.create_user(username=email, email=email, password=password)
+    tenant = Tenant.objects.create(slug=slug, name=organisation or slug, billing_email=email)
+    with scopes_disabled():
+        Membership.objects.create(tenant=tenant, user=user, role=Role.OWNER)
+    audit_record(
+        actor=user, tenant=tenant, action="tenant.create", target=slug, after={"owner": email, "via": "signup"}
+    )
+    return tenant, user
+
+
 @dataclass(frozen=True)
 class IssuedToken:
     token: ApiToken

@@ -4,13 +4,13 @@ with the templates in templates/registration/."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth import get_user_model, login
+from django.contrib.auth import login
 from django.db import IntegrityError
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from .forms import InviteAcceptForm, SignupForm
-from .services import AccountsError, invitation_find, invite_accept, tenant_create
+from .services import AccountsError, invitation_find, invite_accept, signup_create
 
 BACKEND = "django.contrib.auth.backends.ModelBackend"
 
@@ -21,16 +21,13 @@ def signup(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            tenant = tenant_create(
-                slug=data["slug"],
-                name=data["organisation"],
-                owner_email=data["email"],
-                owner_password=data["password1"],
+            tenant, user = signup_create(
+                organisation=data["organisation"], slug=data["slug"], email=data["email"], password=data["password1"]
             )
         except IntegrityError:
             form.add_error(None, "This short name or email was just taken; try again.")
         else:
-            login(request, get_user_model().objects.get(username=data["email"]), backend=BACKEND)
+            login(request, user, backend=BACKEND)
             messages.success(request, f"Welcome to gpushare: {tenant.name} is ready.")
             return redirect("/")
     return render(request, "accounts/signup.html", {"form": form})

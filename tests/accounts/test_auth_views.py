@@ -131,3 +131,17 @@ def test_password_reset_flow(client):
     assert user.check_password("bachman-9-lives")
     client.post("/accounts/password_reset/", {"email": "nobody@x.test"})
     assert len(mail.outbox) == 1  # no email for an unknown address, and the same answer
+
+
+def test_signup_service_never_takes_over_an_existing_account():
+    """Even if the form's check is raced, the service refuses an existing email and writes nothing."""
+    from django.db import IntegrityError
+
+    from accounts.services import signup_create
+
+    victim = UserFactory(username="ceo@x.test")
+    with pytest.raises(IntegrityError):
+        signup_create(organisation="Evil", slug="evil", email="ceo@x.test", password="attacker-pw-1")
+    victim.refresh_from_db()
+    assert victim.check_password(PASSWORD)
+    assert not Tenant.objects.filter(slug="evil").exists()
