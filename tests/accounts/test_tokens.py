@@ -139,6 +139,13 @@ def test_refused_tokens_get_401_with_a_clear_message(tenant, state, message):
     assert response["WWW-Authenticate"] == "Bearer"
 
 
+def test_scheme_is_case_insensitive(tenant):
+    issued = token_create(tenant=tenant, user=member_add(tenant), name="t")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"bearer {issued.plaintext}")
+    assert client.get("/api/v1/jobs/").status_code == 200
+
+
 def test_no_credentials_get_401(tenant):
     response = APIClient().get("/api/v1/jobs/")
     assert response.status_code == 401
