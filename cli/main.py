@@ -38,7 +38,16 @@ EXIT_API = 125
 FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
 PREEMPTED_PATIENCE_S = 120.0
 BODY_FIELDS = (
-    "name", "kind", "gpus", "command", "image", "env", "gpu_model", "gpu_memory_mb", "priority", "max_runtime_seconds",
+    "name",
+    "kind",
+    "gpus",
+    "command",
+    "image",
+    "env",
+    "gpu_model",
+    "gpu_memory_mb",
+    "priority",
+    "max_runtime_seconds",
 )
 
 
@@ -124,8 +133,15 @@ def cmd_submit(client: Client, args) -> int:
             print(job["id"])
     if not args.wait:
         return 0
-    return wait_for_job(client, job, timeout=args.timeout, follow=args.logs, quiet=args.quiet,
-                        cancel_on_timeout=args.cancel_on_timeout, as_json=args.json)
+    return wait_for_job(
+        client,
+        job,
+        timeout=args.timeout,
+        follow=args.logs,
+        quiet=args.quiet,
+        cancel_on_timeout=args.cancel_on_timeout,
+        as_json=args.json,
+    )
 
 
 # --- waiting and logs ---------------------------------------------------------
@@ -192,8 +208,16 @@ def _outage_patience() -> float:
         return 900.0
 
 
-def wait_for_job(client: Client, job: dict, *, timeout: float | None, follow: bool = False, quiet: bool = False,
-                 cancel_on_timeout: bool = False, as_json: bool = False) -> int:
+def wait_for_job(
+    client: Client,
+    job: dict,
+    *,
+    timeout: float | None,
+    follow: bool = False,
+    quiet: bool = False,
+    cancel_on_timeout: bool = False,
+    as_json: bool = False,
+) -> int:
     """Poll until the job ends and return its exit code (see the module doc).
 
     A platform outage that outlasts the client's own retries is waited out for up
@@ -252,8 +276,15 @@ def wait_for_job(client: Client, job: dict, *, timeout: float | None, follow: bo
 
 
 def cmd_wait(client: Client, args) -> int:
-    return wait_for_job(client, client.job(args.job), timeout=args.timeout, follow=args.logs, quiet=args.quiet,
-                        cancel_on_timeout=args.cancel_on_timeout, as_json=args.json)
+    return wait_for_job(
+        client,
+        client.job(args.job),
+        timeout=args.timeout,
+        follow=args.logs,
+        quiet=args.quiet,
+        cancel_on_timeout=args.cancel_on_timeout,
+        as_json=args.json,
+    )
 
 
 def cmd_logs(client: Client, args) -> int:
@@ -280,16 +311,20 @@ def _print(data, as_json: bool, lines=None) -> None:
 
 def cmd_status(client: Client, args) -> int:
     job = client.job(args.job)
-    _print(job, args.json, [
-        f"job {job['id']} {job['name'] or ''}".rstrip(),
-        f"  state      {job['state']}{_queue_text(job)}",
-        f"  kind       {job['kind']} x{job['gpus']} ({job['mode']}, isolation {job['isolation'] or '-'})",
-        f"  gpus       {', '.join(job['gpu_uuids']) or '-'}",
-        f"  submitted  {job['submitted_at']}",
-        f"  started    {job['started_at'] or '-'}   finished {job['finished_at'] or '-'}",
-        f"  exit code  {job['exit_code'] if job['exit_code'] is not None else '-'}",
-        f"  cost       {job['cost']}   gpu-seconds {job['usage']['gpu_seconds']}",
-    ])
+    _print(
+        job,
+        args.json,
+        [
+            f"job {job['id']} {job['name'] or ''}".rstrip(),
+            f"  state      {job['state']}{_queue_text(job)}",
+            f"  kind       {job['kind']} x{job['gpus']} ({job['mode']}, isolation {job['isolation'] or '-'})",
+            f"  gpus       {', '.join(job['gpu_uuids']) or '-'}",
+            f"  submitted  {job['submitted_at']}",
+            f"  started    {job['started_at'] or '-'}   finished {job['finished_at'] or '-'}",
+            f"  exit code  {job['exit_code'] if job['exit_code'] is not None else '-'}",
+            f"  cost       {job['cost']}   gpu-seconds {job['usage']['gpu_seconds']}",
+        ],
+    )
     return 0
 
 
@@ -326,8 +361,13 @@ def cmd_quota(client: Client, args) -> int:
 
 
 def cmd_estimate(client: Client, args) -> int:
-    params = {"kind": args.kind, "gpus": args.gpus, "max_runtime_seconds": args.max_runtime_seconds,
-              "priority": args.priority, "gpu_model": args.gpu_model}
+    params = {
+        "kind": args.kind,
+        "gpus": args.gpus,
+        "max_runtime_seconds": args.max_runtime_seconds,
+        "priority": args.priority,
+        "gpu_model": args.gpu_model,
+    }
     _print(client.get("estimate/", **params), args.json)
     return 0
 
@@ -337,8 +377,10 @@ def cmd_estimate(client: Client, args) -> int:
 
 def parser_build() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gpushare", description="Submit and follow GPU jobs on gpushare.",
-        epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="gpushare",
+        description="Submit and follow GPU jobs on gpushare.",
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--url", help="platform address (default: $GPUSHARE_URL or the config file)")
     parser.add_argument("--token", help="API token (default: $GPUSHARE_TOKEN or the config file)")
@@ -387,8 +429,9 @@ def parser_build() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("list", help="list jobs, newest first")
-    p.add_argument("--state", choices=["queued", "scheduled", "running", "succeeded", "failed", "cancelled",
-                                       "preempted", "lost"])
+    p.add_argument(
+        "--state", choices=["queued", "scheduled", "running", "succeeded", "failed", "cancelled", "preempted", "lost"]
+    )
     p.add_argument("--kind", choices=["training", "inference"])
     p.add_argument("--name", help="jobs whose name contains this")
     p.add_argument("--limit", type=int, default=20)

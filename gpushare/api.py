@@ -183,7 +183,6 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-
 class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.ChoiceField(choices=ERROR_CODES)
     message = serializers.CharField()

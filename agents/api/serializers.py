@@ -20,7 +20,15 @@ class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
         fields = [
-            "uuid", "index", "model", "memory_mb", "mig_mode", "isolation", "health", "health_reason", "reservation",
+            "uuid",
+            "index",
+            "model",
+            "memory_mb",
+            "mig_mode",
+            "isolation",
+            "health",
+            "health_reason",
+            "reservation",
             "holders",
         ]
         read_only_fields = fields
@@ -40,8 +48,16 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
-            "name", "state", "state_reason", "backend", "agent_version", "driver_version", "cuda_version",
-            "registered_at", "last_heartbeat_at", "gpus",
+            "name",
+            "state",
+            "state_reason",
+            "backend",
+            "agent_version",
+            "driver_version",
+            "cuda_version",
+            "registered_at",
+            "last_heartbeat_at",
+            "gpus",
         ]
         read_only_fields = fields
 

@@ -68,8 +68,10 @@ class QuotaView(TenantScopedMixin, APIView):
     required_scopes = {"GET": "usage:read"}
     required_actions = {"GET": "quotas.read"}
 
-    @extend_schema(summary="Quota, current use, headroom and the month's budget", responses={
-        200: QuotaSerializer, **ERROR_RESPONSES})
+    @extend_schema(
+        summary="Quota, current use, headroom and the month's budget",
+        responses={200: QuotaSerializer, **ERROR_RESPONSES},
+    )
     def get(self, request):
         tenant = self.tenant
         status = budget_status(tenant)

@@ -13,8 +13,16 @@ def test_schema_lists_every_v1_endpoint_with_the_error_shape(client):
     assert response.status_code == 200
     schema = yaml.safe_load(response.content)
     paths = schema["paths"]
-    for path in ("/api/v1/jobs/", "/api/v1/jobs/{id}/", "/api/v1/jobs/{id}/cancel/", "/api/v1/jobs/{id}/logs/",
-                 "/api/v1/jobs/{id}/metrics/", "/api/v1/quota/", "/api/v1/nodes/", "/api/v1/nodes/{name}/cordon/"):
+    for path in (
+        "/api/v1/jobs/",
+        "/api/v1/jobs/{id}/",
+        "/api/v1/jobs/{id}/cancel/",
+        "/api/v1/jobs/{id}/logs/",
+        "/api/v1/jobs/{id}/metrics/",
+        "/api/v1/quota/",
+        "/api/v1/nodes/",
+        "/api/v1/nodes/{name}/cordon/",
+    ):
         assert path in paths, sorted(paths)
     submit = paths["/api/v1/jobs/"]["post"]
     assert {"200", "201", "400", "401", "403", "404", "409", "413", "429"} <= set(submit["responses"])

@@ -144,8 +144,16 @@ def test_django_level_500_on_api_paths_uses_the_error_shape():
 
 @pytest.mark.parametrize(
     "query",
-    ["name=%00", "name=%FF%FE", "state=%00", "submitted_after=%00", "page=%00", "page_size=-1", "page=1e9",
-     "page_size=99999999999999999999"],
+    [
+        "name=%00",
+        "name=%FF%FE",
+        "state=%00",
+        "submitted_after=%00",
+        "page=%00",
+        "page_size=-1",
+        "page=1e9",
+        "page_size=99999999999999999999",
+    ],
 )
 def test_odd_query_strings_are_never_a_5xx(rules, tenant, api_client_for, query):
     response = api_client_for(tenant).get(f"/api/v1/jobs/?{query}")
@@ -160,7 +168,8 @@ def test_odd_ids_are_404(rules, tenant, api_client_for, path):
 
 
 def test_nan_and_infinity_literals_are_refused(rules, tenant, api_client_for):
-    for raw in (b'{"kind": "training", "gpus": NaN, "command": ["x"]}',
-                b'{"kind": "training", "gpus": 1, "command": ["x"], "gpu_memory_mb": Infinity}'):
-        assert_error(api_client_for(tenant).post("/api/v1/jobs/", raw, content_type="application/json"), 400,
-                     "invalid")
+    for raw in (
+        b'{"kind": "training", "gpus": NaN, "command": ["x"]}',
+        b'{"kind": "training", "gpus": 1, "command": ["x"], "gpu_memory_mb": Infinity}',
+    ):
+        assert_error(api_client_for(tenant).post("/api/v1/jobs/", raw, content_type="application/json"), 400, "invalid")

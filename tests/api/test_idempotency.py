@@ -77,8 +77,12 @@ def test_key_expires_after_24_hours(rules, tenant, api_client_for):
 def test_invalid_key_and_invalid_body_create_nothing(rules, tenant, api_client_for):
     client = api_client_for(tenant)
     assert_error(client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="x" * 256), 400, "invalid")
-    assert_error(client.post("/api/v1/jobs/", {**BODY, "gpus": 0}, format="json", HTTP_IDEMPOTENCY_KEY="k"), 400,
-                 "invalid", "gpus")
+    assert_error(
+        client.post("/api/v1/jobs/", {**BODY, "gpus": 0}, format="json", HTTP_IDEMPOTENCY_KEY="k"),
+        400,
+        "invalid",
+        "gpus",
+    )
     assert _jobs(tenant) == []
     # The key was not burnt by the invalid request.
     assert client.post("/api/v1/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code == 201

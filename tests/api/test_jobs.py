@@ -18,8 +18,24 @@ from .helpers import assert_error, job_make, node_make
 pytestmark = pytest.mark.django_db
 
 CONTRACT_FIELDS = {
-    "id", "name", "kind", "gpus", "mode", "state", "pending_reason", "queue_position", "estimated_start", "node",
-    "gpu_uuids", "isolation", "submitted_at", "started_at", "finished_at", "exit_code", "cost", "usage",
+    "id",
+    "name",
+    "kind",
+    "gpus",
+    "mode",
+    "state",
+    "pending_reason",
+    "queue_position",
+    "estimated_start",
+    "node",
+    "gpu_uuids",
+    "isolation",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "cost",
+    "usage",
 }
 
 
@@ -54,8 +70,14 @@ def test_placed_job_shows_node_gpus_isolation_and_usage(rules, tenant, api_clien
             Allocation(tenant=tenant, job=job, gpu=gpu, share_milli=1000) for gpu in node.gpus.all()
         )
         Job.objects.filter(pk=job.pk).update(
-            state=JobState.RUNNING, node=node, isolation="exclusive", gpu_ms=10_000, sm_util_ms=8_000,
-            memory_peak_mb=4000, energy_mj=7_200_000, cost=Decimal("0.0123456789"),
+            state=JobState.RUNNING,
+            node=node,
+            isolation="exclusive",
+            gpu_ms=10_000,
+            sm_util_ms=8_000,
+            memory_peak_mb=4000,
+            energy_mj=7_200_000,
+            cost=Decimal("0.0123456789"),
         )
     body = api_client_for(tenant).get(f"/api/v1/jobs/{job.pk}/").json()
     assert body["node"] == "node-1"
@@ -156,8 +178,9 @@ def test_viewer_may_read_but_not_submit_or_cancel(rules, tenant, api_client_for)
     job = job_make(tenant)
     viewer = api_client_for(tenant, role=Role.VIEWER)
     assert viewer.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
-    assert_error(viewer.post("/api/v1/jobs/", {"kind": "training", "gpus": 1, "command": ["x"]}, format="json"),
-                 403, "forbidden")
+    assert_error(
+        viewer.post("/api/v1/jobs/", {"kind": "training", "gpus": 1, "command": ["x"]}, format="json"), 403, "forbidden"
+    )
     assert_error(viewer.post(f"/api/v1/jobs/{job.pk}/cancel/"), 403, "forbidden")
 
 
@@ -196,9 +219,20 @@ def test_metrics_series(rules, tenant, api_client_for):
         for seq in range(3):
             start = 1_000_000 + seq * 1000
             UsageWindow.objects.create(
-                tenant=tenant, job=job, node=node, seq=seq, start_ms=start, end_ms=start + 1000,
-                gpu_model="H100-80GB", mode="dedicated", gpu_ms=2000, sm_util_ms=1000 * seq,
-                memory_avg_mb=100 * (seq + 1), memory_peak_mb=150 * (seq + 1), energy_mj=300_000, amount=0,
+                tenant=tenant,
+                job=job,
+                node=node,
+                seq=seq,
+                start_ms=start,
+                end_ms=start + 1000,
+                gpu_model="H100-80GB",
+                mode="dedicated",
+                gpu_ms=2000,
+                sm_util_ms=1000 * seq,
+                memory_avg_mb=100 * (seq + 1),
+                memory_peak_mb=150 * (seq + 1),
+                energy_mj=300_000,
+                amount=0,
             )
     body = api_client_for(tenant).get(f"/api/v1/jobs/{job.pk}/metrics/").json()
     assert body["job"] == job.pk
@@ -215,9 +249,20 @@ def test_metrics_series_is_bounded(rules, tenant, api_client_for):
     with scopes_disabled():
         UsageWindow.objects.bulk_create(
             UsageWindow(
-                tenant=tenant, job=job, node=node, seq=seq, start_ms=seq * 1000, end_ms=seq * 1000 + 1000,
-                gpu_model="H100-80GB", mode="dedicated", gpu_ms=1000, sm_util_ms=500, memory_avg_mb=10,
-                memory_peak_mb=seq, energy_mj=100_000, amount=0,
+                tenant=tenant,
+                job=job,
+                node=node,
+                seq=seq,
+                start_ms=seq * 1000,
+                end_ms=seq * 1000 + 1000,
+                gpu_model="H100-80GB",
+                mode="dedicated",
+                gpu_ms=1000,
+                sm_util_ms=500,
+                memory_avg_mb=10,
+                memory_peak_mb=seq,
+                energy_mj=100_000,
+                amount=0,
             )
             for seq in range(1200)
         )

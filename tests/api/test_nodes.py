@@ -53,8 +53,9 @@ def test_cordon_drain_uncordon(rules, operator):
     # An empty node that drains is cordoned at once.
     assert operator.post("/api/v1/nodes/node-a/drain/").json()["state"] == "cordoned"
     assert_error(operator.post("/api/v1/nodes/no-such-node/cordon/"), 404, "not_found")
-    assert_error(operator.post("/api/v1/nodes/node-a/cordon/", {"reason": "x" * 201}, format="json"), 400,
-                 "invalid", "reason")
+    assert_error(
+        operator.post("/api/v1/nodes/node-a/cordon/", {"reason": "x" * 201}, format="json"), 400, "invalid", "reason"
+    )
 
 
 def test_a_staff_users_token_works_too(rules, tenant, api_client_for):

@@ -25,8 +25,14 @@ def test_no_limits(rules, tenant, api_client_for):
 
 
 def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
-    quota_set(tenant=tenant, actor=UserFactory(is_staff=True), max_dedicated_gpus=4, max_shared_milli=1000,
-              max_open_jobs=5, monthly_spend_limit=Decimal("100.00"))
+    quota_set(
+        tenant=tenant,
+        actor=UserFactory(is_staff=True),
+        max_dedicated_gpus=4,
+        max_shared_milli=1000,
+        max_open_jobs=5,
+        monthly_spend_limit=Decimal("100.00"),
+    )
     node = node_make(gpus=3)
     gpus = list(node.gpus.order_by("index"))
     training = job_make(tenant, gpu_milli=2000)
@@ -35,12 +41,14 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     finished = job_make(tenant)
     theirs = job_make(other_tenant, gpu_milli=1000)
     with scopes_disabled():
-        Allocation.objects.bulk_create([
-            Allocation(tenant=tenant, job=training, gpu=gpus[0], share_milli=1000),
-            Allocation(tenant=tenant, job=training, gpu=gpus[1], share_milli=1000),
-            Allocation(tenant=tenant, job=serving, gpu=gpus[2], share_milli=250),
-            Allocation(tenant=other_tenant, job=theirs, gpu=gpus[2], share_milli=500),
-        ])
+        Allocation.objects.bulk_create(
+            [
+                Allocation(tenant=tenant, job=training, gpu=gpus[0], share_milli=1000),
+                Allocation(tenant=tenant, job=training, gpu=gpus[1], share_milli=1000),
+                Allocation(tenant=tenant, job=serving, gpu=gpus[2], share_milli=250),
+                Allocation(tenant=other_tenant, job=theirs, gpu=gpus[2], share_milli=500),
+            ]
+        )
         Job.objects.filter(pk__in=[training.pk, serving.pk]).update(state=JobState.RUNNING, node=node)
         Job.objects.filter(pk=finished.pk).update(state=JobState.SUCCEEDED)
     body = api_client_for(tenant).get("/api/v1/quota/").json()

@@ -44,8 +44,9 @@ def test_submit_wait_returns_the_jobs_exit_code_and_streams_its_log(platform, ag
     tenant = TenantFactory(slug="ci")
     token = token_for(tenant)
     script = "import sys; print('epoch 1'); print('epoch 2'); sys.exit(7)"
-    done = run_cli(platform.url, token, "submit", "--wait", "--logs", "--name", "ci-step", "--", sys.executable,
-                   "-c", script)
+    done = run_cli(
+        platform.url, token, "submit", "--wait", "--logs", "--name", "ci-step", "--", sys.executable, "-c", script
+    )
     assert done.returncode == 7, done.stderr
     assert "epoch 1\nepoch 2\n" in done.stdout
     assert "failed" in done.stderr and "exit code 7" in done.stderr
@@ -183,10 +184,21 @@ def test_wait_rides_out_a_platform_outage(live_server, transactional_db):
     submitted = run_cli(live_server.url, token, "submit", "--", "python", "x.py")
     job_id = int(submitted.stdout.strip())
     proxy = FlakyProxy(int(live_server.url.rsplit(":", 1)[1]))
-    env = {"PATH": "/usr/bin:/bin", "GPUSHARE_URL": f"http://127.0.0.1:{proxy.port}", "GPUSHARE_TOKEN": token,
-           "GPUSHARE_POLL_INTERVAL": "0.3", "XDG_CONFIG_HOME": str(ROOT / "var" / "no-config")}
-    waiting = subprocess.Popen([sys.executable, "-m", "cli", "--retries", "1", "wait", str(job_id)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUSHARE_URL": f"http://127.0.0.1:{proxy.port}",
+        "GPUSHARE_TOKEN": token,
+        "GPUSHARE_POLL_INTERVAL": "0.3",
+        "XDG_CONFIG_HOME": str(ROOT / "var" / "no-config"),
+    }
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--retries", "1", "wait", str(job_id)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(2)
         proxy.outage(True)  # the platform vanishes for a while...
