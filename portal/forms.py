@@ -205,6 +205,30 @@ def curl_for(body: dict, *, base_url: str) -> str:
     )
 
 
+CLI_FLAGS = (
+    ("name", "--name"),
+    ("kind", "--kind"),
+    ("gpus", "--gpus"),
+    ("gpu_model", "--gpu-model"),
+    ("gpu_memory_mb", "--gpu-memory-mb"),
+    ("image", "--image"),
+    ("priority", "--priority"),
+    ("max_runtime_seconds", "--max-runtime-seconds"),
+)
+
+
+def cli_for(body: dict, *, base_url: str) -> str:
+    """The same submission with the ``gpushare`` CLI (token and address from the environment)."""
+    parts = ["gpushare", "submit"]
+    for key, flag in CLI_FLAGS:
+        if body.get(key) not in (None, ""):
+            parts += [flag, str(body[key])]
+    for key, value in (body.get("env") or {}).items():
+        parts += ["--env", f"{key}={value}"]
+    parts += ["--wait", "--"] + [str(arg) for arg in body.get("command") or []]
+    return f"export GPUSHARE_URL={shlex.quote(base_url)}  # and GPUSHARE_TOKEN\n" + shlex.join(parts)
+
+
 class InviteForm(forms.Form):
     email = forms.EmailField(label="Email", help_text="They get a one-time link, valid for a few days.")
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label="Role")

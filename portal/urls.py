@@ -20,6 +20,7 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics/", jobs.job_metrics, name="job_metrics"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job_cancel"),
     path("usage/", usage.usage, name="usage"),
+    path("usage/payment-method/", usage.payment_method, name="payment_method"),
     path("team/", team.team, name="team"),
     path("team/tokens/", team.token_create, name="token_create"),
     path("team/tokens/<int:pk>/revoke/", team.token_revoke, name="token_revoke"),

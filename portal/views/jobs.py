@@ -17,7 +17,7 @@ from scheduler.models import TERMINAL_STATES, Job, JobKind, JobState
 from scheduler.selectors import job_log_read, jobs_for_tenant
 
 from .. import selectors
-from ..forms import JobSubmitForm, curl_for, form_initial_from_job
+from ..forms import JobSubmitForm, cli_for, curl_for, form_initial_from_job
 from ..templatetags.portal import money
 from ..tenancy import tenant_page
 from .common import page
@@ -95,6 +95,7 @@ def job_bulk_cancel(request):
 
 def _submit_context(request, form: JobSubmitForm) -> dict:
     body = form.api_body or {}
+    base_url = request.build_absolute_uri("/").rstrip("/")
     estimate = None
     if form.mode is not None:
         runtime = body.get("max_runtime_seconds")
@@ -107,7 +108,8 @@ def _submit_context(request, form: JobSubmitForm) -> dict:
     return {
         "form": form,
         "estimate": estimate,
-        "curl": curl_for(body, base_url=request.build_absolute_uri("/").rstrip("/")),
+        "curl": curl_for(body, base_url=base_url),
+        "cli": cli_for(body, base_url=base_url),
         "touched": request.POST.get("_touched", ""),
     }
 

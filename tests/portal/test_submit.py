@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 
 import pytest
 from django.urls import reverse
@@ -105,3 +106,31 @@ def test_resubmit_prefills_the_form_from_a_job(client_for, tenant):
     page = owner.get(reverse("portal:submit") + f"?from={job.pk}").content.decode()
     for value in ("again", "python train.py", "A=1", "repo/img:1", 'value="1"'):
         assert value in page
+
+
+def test_cli_box_parses_back_to_the_same_body(client_for, tenant):
+    from cli.main import job_body, parser_build
+
+    form = {**GOOD, "gpus": "0.25", "kind": "inference", "env": "A=1\nB=x y", "priority": "serving", "image": "r/i:1"}
+    page = client_for(tenant).post(reverse("portal:submit_check"), form).content.decode()
+    cli = html.unescape(page.split('<pre id="cli">', 1)[1].split("</pre>", 1)[0])
+    curl = html.unescape(page.split('<pre id="curl">', 1)[1].split("</pre>", 1)[0])
+    export, line = cli.split("\n")
+    assert export.startswith("export GPUSHARE_URL=http://testserver")
+    argv = shlex.split(line)
+    assert argv[:2] == ["gpushare", "submit"]
+    from_cli = job_body(parser_build().parse_args(argv[1:]))
+    from_curl = json.loads(curl.split(" -d '", 1)[1].rsplit("'", 1)[0])
+    assert (
+        from_cli
+        == from_curl
+        == {
+            "kind": "inference",
+            "gpus": 0.25,
+            "command": ["python", "train.py", "--epochs", "3 4"],
+            "name": "bert",
+            "env": {"A": "1", "B": "x y"},
+            "image": "r/i:1",
+            "priority": "serving",
+        }
+    )

@@ -119,3 +119,19 @@ def test_another_tenants_member_is_404(client_for, tenant, other_tenant):
     assert owner.post(reverse("portal:member_remove", kwargs={"pk": membership.pk})).status_code == 404
     with scopes_disabled():
         assert Membership.objects.get(pk=membership.pk).role == Role.MEMBER
+
+
+def test_owner_sets_a_stripe_test_card_on_localstripe(client_for, tenant, localstripe):
+    owner = client_for(tenant)
+    page = owner.get(reverse("portal:usage")).content.decode()
+    assert 'value="pm_card_visa"' in page
+    response = owner.post(reverse("portal:payment_method"), {"payment_method": "pm_card_visa"}, follow=True)
+    assert "Visa ending 4242 is now the default payment method." in response.content.decode()
+    tenant.refresh_from_db()
+    assert tenant.stripe_customer_id.startswith("cus_")
+    refused = owner.post(reverse("portal:payment_method"), {"payment_method": "tok_anything"}, follow=True)
+    assert "Choose one of the listed test cards" in refused.content.decode()
+    # Only owners manage billing.
+    admin = client_for(tenant, role=Role.ADMIN)
+    assert admin.post(reverse("portal:payment_method"), {"payment_method": "pm_card_visa"}).status_code == 403
+    assert 'value="pm_card_visa"' not in admin.get(reverse("portal:usage")).content.decode()
