@@ -65,6 +65,20 @@ def month_bounds_ms(month: date) -> tuple[int, int]:
     return month_start_ms(month), month_start_ms(next_month(month))
 
 
+# Close a month this long after it ends: agents report windows within a minute
+# or two (and retry from their spool), so the month's last windows are in.
+CLOSE_SETTLE_MS = 60 * 60 * 1000
+
+
+def month_to_close(*, now_ms: int) -> date | None:
+    """The previous month, once it has been over for CLOSE_SETTLE_MS; None before that."""
+    this_month = month_of(now_ms)
+    if now_ms - month_start_ms(this_month) < CLOSE_SETTLE_MS:
+        return None
+    previous = month_of(month_start_ms(this_month) - 1)
+    return previous
+
+
 # --- rating a window ------------------------------------------------------
 
 

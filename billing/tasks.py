@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
@@ -12,22 +10,13 @@ from . import gateway, rating
 from .selectors import month_parse
 from .services import invoices, payments
 
-# Close a month this long after it ends: agents report windows within a minute
-# or two (and retry from their spool), so the month's last windows are in.
-CLOSE_SETTLE_MS = 60 * 60 * 1000
-
 
 @shared_task(name="billing.close_month", ignore_result=True)
 def close_month_task(*, month: str = "") -> int:
     """Close ``month`` (YYYY-MM; default: the month before now), then send each new invoice to Stripe."""
-    if month:
-        first_day = month_parse(month)
-    else:
-        now_ms = int(timezone.now().timestamp() * 1000)
-        this_month = rating.month_of(now_ms)
-        if now_ms - rating.month_start_ms(this_month) < CLOSE_SETTLE_MS:
-            return 0  # let the last windows of the month arrive first
-        first_day = (this_month - timedelta(days=1)).replace(day=1)
+    first_day = month_parse(month) if month else rating.month_to_close(now_ms=int(timezone.now().timestamp() * 1000))
+    if first_day is None:
+        return 0  # let the last windows of the month arrive first
     closed = invoices.invoices_close_month(month=first_day)
     for invoice in closed:
         if invoice.state == invoice.State.DRAFT:

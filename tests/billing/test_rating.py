@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import date
 from decimal import Decimal
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from billing.rating import DiscountSpan, PricePoint, Usage, line_round, rate_usage
 from tests.billing.conftest import ms
 
@@ -79,3 +82,40 @@ def test_line_rounding_is_half_up_to_cents():
     assert line_round(Decimal("0.0050000000")) == Decimal("0.01")
     assert line_round(Decimal("0.0049999999")) == Decimal("0.00")
     assert line_round(Decimal("12.345")) == Decimal("12.35")
+
+
+def test_month_to_close_waits_an_hour_after_the_month_ends():
+    from billing.rating import month_to_close
+
+    assert month_to_close(now_ms=ms(2026, 4, 1, 0, 30)) is None
+    assert month_to_close(now_ms=ms(2026, 4, 1, 1, 0)) == date(2026, 3, 1)
+    assert month_to_close(now_ms=ms(2027, 1, 15)) == date(2026, 12, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.integers(min_value=ms(2026, 1, 31, 23), max_value=ms(2026, 2, 1, 1)),
+    duration=st.integers(min_value=1, max_value=15 * 60_000),
+    gpu_milli=st.sampled_from([125, 250, 500, 1000, 2000, 8000]),
+    sm=st.integers(min_value=0, max_value=10**6),
+    energy=st.integers(min_value=0, max_value=10**9),
+    changes=st.lists(st.integers(min_value=ms(2026, 1, 31, 23), max_value=ms(2026, 2, 1, 1)), max_size=4, unique=True),
+)
+def test_pieces_tile_the_window_and_add_up_exactly(start, duration, gpu_milli, sm, energy, changes):
+    prices = [PricePoint(0, Decimal("1.00"), 0)] + [
+        PricePoint(at, Decimal(i + 2), i + 1) for i, at in enumerate(sorted(changes))
+    ]
+    usage = Usage(start_ms=start, end_ms=start + duration, gpu_milli=gpu_milli, sm_util_ms=sm, energy_mj=energy)
+
+    pieces = rate_usage(usage, prices=prices)
+
+    assert pieces[0].start_ms == usage.start_ms and pieces[-1].end_ms == usage.end_ms
+    assert all(a.end_ms == b.start_ms for a, b in zip(pieces, pieces[1:], strict=False))
+    assert sum(p.gpu_ms for p in pieces) == duration * gpu_milli // 1000
+    assert sum(p.sm_util_ms for p in pieces) == sm and sum(p.energy_mj for p in pieces) == energy
+    for p in pieces:  # each piece is rated at the price in force at its start, and stays in one month
+        in_force = max((pt for pt in prices if pt.from_ms <= p.start_ms), key=lambda pt: pt.from_ms)
+        assert p.price_id == in_force.price_id
+        assert not any(p.start_ms < pt.from_ms < p.end_ms for pt in prices)
+        assert p.month == date(2026, 1, 1) if p.start_ms < ms(2026, 2, 1) else p.month == date(2026, 2, 1)
+        assert p.end_ms <= ms(2026, 2, 1) or p.start_ms >= ms(2026, 2, 1)
