@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -58,6 +59,13 @@ def test_submit_wait_returns_the_jobs_exit_code_and_streams_its_log(platform, ag
     with scopes_disabled():
         job = Job.objects.get(pk=job_id)
     assert job.kind == "inference" and job.gpu_milli == 250 and job.state == "succeeded"
+
+    two = run_cli(
+        platform.url, token, "submit", "--wait", "--json", "-q", "--gpus", "2", "--", sys.executable, "-c", "0"
+    )
+    assert two.returncode == 0, two.stderr
+    finished = json.loads(two.stdout)
+    assert finished["state"] == "succeeded" and len(finished["gpu_uuids"]) == 2  # both GPUs it held
 
     status = run_cli(platform.url, token, "status", str(job_id), "--json")
     assert status.returncode == 0 and f'"id": {job_id}' in status.stdout
