@@ -289,3 +289,24 @@ def launch(
     )
     job.refresh_pids()
     return job
+
+
+def process_groups() -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for pid in psutil.pids():
+        try:
+            groups.setdefault(os.getpgid(pid), []).append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return groups
+
+
+def group_running(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return False

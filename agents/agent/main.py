@@ -9,7 +9,6 @@ survives broker outages and agent restarts.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import logging
 import os
@@ -18,16 +17,13 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
-
-import psutil
 
 from . import __version__
 from .brokerconf import broker_options
-from .gpus import JobProcesses, SimBackend
+from .config import AgentConfig, backend_for, parse_args
+from .gpus import JobProcesses
 from .health import event_describe, event_is_application_error, event_takes_gpu_out
-from .jobs import DEFAULT_ENV_ALLOW, LaunchSpec, RunningJob, docker_available, launch, now_ms
+from .jobs import LaunchSpec, RunningJob, docker_available, group_running, launch, now_ms, process_groups
 from .meter import JobMeter, split_energy
 from .spool import Spool
 from .transport import BrokerLink, Command
@@ -36,53 +32,6 @@ log = logging.getLogger("gpushare.agent")
 
 LOG_CHUNK = 64 * 1024
 OUTBOX_BATCH = 200
-
-
-@dataclass
-class AgentConfig:
-    node: str
-    token: str
-    broker_url: str
-    var_dir: Path
-    gpus: str = "auto"
-    allow_sim: bool = False
-    sample_interval_s: float = 1.0
-    window_s: float = 10.0
-    heartbeat_s: float = 5.0
-    log_cap_bytes: int = 64 << 20
-    run_as: str = ""
-    env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
-    shutdown_grace_s: int = 10
-    docker: str = "docker"  # the docker CLI used for jobs that name an image
-
-    @property
-    def state_dir(self) -> Path:
-        return self.var_dir / "agent" / self.node
-
-
-def backend_for(config: AgentConfig):
-    """The GPU backend the configuration asks for; never simulate silently on a GPU host."""
-    if config.gpus.startswith("sim:"):
-        return SimBackend(config.gpus, config.node)
-    from .nvml import NvmlBackend, NvmlUnavailable, nvidia_devices_present
-
-    try:
-        return NvmlBackend(state_dir=config.state_dir)
-    except NvmlUnavailable as exc:
-        if config.gpus == "nvml":
-            raise SystemExit(f"gpushare-agent: --gpus nvml but NVML is not usable: {exc}") from exc
-        if nvidia_devices_present():
-            raise SystemExit(
-                f"gpushare-agent: this host has NVIDIA devices but NVML failed ({exc}); refusing to simulate. "
-                "Fix the driver, or pass --gpus sim:... explicitly."
-            ) from exc
-        if not config.allow_sim:
-            raise SystemExit(
-                f"gpushare-agent: no NVML on this host ({exc}). Pass --gpus sim:2xH100-80GB (or --allow-sim) "
-                "to run on simulated GPUs."
-            ) from exc
-        log.warning("no NVML (%s): simulating one H100-80GB", exc)
-        return SimBackend("sim:1xH100-80GB", config.node)
 
 
 class Agent:
@@ -342,7 +291,7 @@ class Agent:
             if job.ended_ms is None:
                 job.ended_ms = now_ms()
                 job.signal_group(signal.SIGKILL)  # the main process ended: so does the job
-            if job.pgid > 0 and _group_running(job.pgid):
+            if job.pgid > 0 and group_running(job.pgid):
                 continue
             if not self._off_gpu(job):
                 continue
@@ -411,7 +360,7 @@ class Agent:
 
     def tick(self) -> None:
         at = now_ms()
-        groups = _process_groups()
+        groups = process_groups()
         running = [j for j in self.jobs.values() if j.ended_ms is None and j.exit_code is None]
         for job in running:
             job.pids = frozenset(groups.get(job.pgid, ()))
@@ -498,85 +447,6 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             log.warning("heartbeat not delivered: %s", exc)
             self.link.disconnect()
-
-
-def _process_groups() -> dict[int, list[int]]:
-    groups: dict[int, list[int]] = {}
-    for pid in psutil.pids():
-        try:
-            groups.setdefault(os.getpgid(pid), []).append(pid)
-        except (ProcessLookupError, PermissionError):
-            continue
-    return groups
-
-
-def _group_running(pgid: int) -> bool:
-    """Whether any non-zombie process is left in process group ``pgid``."""
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            continue
-    return False
-
-
-def parse_args(argv: list[str] | None = None) -> AgentConfig:
-    env = os.environ
-    parser = argparse.ArgumentParser(prog="gpushare-agent", description="gpushare node agent")
-    parser.add_argument("--node", default=env.get("GPUSHARE_NODE", socket.gethostname().split(".")[0]))
-    parser.add_argument(
-        "--token",
-        default=env.get("GPUSHARE_AGENT_TOKEN", ""),
-        help="the node's credential; prefer GPUSHARE_AGENT_TOKEN or --token-file (argv is world-readable)",
-    )
-    parser.add_argument("--token-file", default=env.get("GPUSHARE_AGENT_TOKEN_FILE", ""), help="file holding the token")
-    parser.add_argument(
-        "--broker",
-        default=env.get("GPUSHARE_BROKER_URL") or env.get("CELERY_BROKER_URL") or env.get("REDIS_URL") or "filesystem://",
-    )
-    parser.add_argument("--var-dir", default=env.get("GPUSHARE_VAR_DIR", "var"))
-    parser.add_argument(
-        "--gpus",
-        default=env.get("GPUSHARE_GPUS", "auto"),
-        help="auto (NVML), nvml, or sim:2xH100-80GB,2xL4-24GB",
-    )
-    parser.add_argument("--allow-sim", action="store_true", help="simulate when the host has no NVIDIA driver")
-    parser.add_argument("--sample-interval", type=float, default=float(env.get("GPUSHARE_SAMPLE_INTERVAL_S", "1")))
-    parser.add_argument("--window", type=float, default=float(env.get("GPUSHARE_WINDOW_S", "10")))
-    parser.add_argument("--heartbeat", type=float, default=float(env.get("GPUSHARE_HEARTBEAT_INTERVAL_S", "5")))
-    parser.add_argument("--log-cap-mb", type=int, default=int(env.get("GPUSHARE_LOG_CAP_MB", "64")))
-    parser.add_argument("--run-as", default=env.get("GPUSHARE_RUN_AS", ""), help="run jobs as this user")
-    parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.token_file:
-        try:
-            args.token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            parser.error(f"cannot read --token-file {args.token_file}: {exc.strerror}")
-    elif args.token and args.token != env.get("GPUSHARE_AGENT_TOKEN"):
-        log.warning(
-            "the node token was given on the command line, where any local user (and any job) can read it in "
-            "/proc/<pid>/cmdline; use GPUSHARE_AGENT_TOKEN or --token-file instead"
-        )
-    if not args.token:
-        parser.error("the node's credential is required: --token-file, GPUSHARE_AGENT_TOKEN or --token")
-    if args.sample_interval <= 0 or args.window < args.sample_interval:
-        parser.error("--sample-interval must be positive and --window at least one sample interval")
-    return AgentConfig(
-        node=args.node,
-        token=args.token,
-        broker_url=args.broker,
-        var_dir=Path(args.var_dir).resolve(),
-        gpus=args.gpus,
-        allow_sim=args.allow_sim,
-        sample_interval_s=args.sample_interval,
-        window_s=args.window,
-        heartbeat_s=args.heartbeat,
-        log_cap_bytes=args.log_cap_mb << 20,
-        run_as=args.run_as,
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,17 @@ from tests.fake_nvml import LIBRARY, FakeGpu, FakeNvml, build
 
 GPU0 = "GPU-11111111-2222-3333-4444-000000000000"
 GPU1 = "GPU-11111111-2222-3333-4444-000000000001"
+
+
+def unique_node_name() -> str:
+    """A node name of its own: agent logs (var/test-logs/agent-<node>.log) are appended across runs and
+    shared with other test sessions, so a fixed name would let an old run's log satisfy a new assertion."""
+    return f"ga-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def node() -> str:
+    return unique_node_name()
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +76,8 @@ def nvml_agent(agent_factory, fake_nvml_dir, fake_nvml, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_nvml_dir))
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(fake_nvml.path))
 
-    def make(node: str = "ga-gpu-node", *, extra=()):
-        return agent_factory(node, gpus="nvml", extra=list(extra))
+    def make(node: str = "", *, extra=()):
+        return agent_factory(node or unique_node_name(), gpus="nvml", extra=list(extra))
 
     return make
 

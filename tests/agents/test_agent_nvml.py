@@ -27,8 +27,8 @@ WAIT_FOR_GO = (
 
 
 def test_agent_on_nvml_registers_and_meters_a_job_from_driver_figures(platform, nvml_agent, fake_nvml):
-    agent = nvml_agent("ga-gpu-node")
-    node = Node.objects.get(name="ga-gpu-node")
+    agent = nvml_agent()
+    node = Node.objects.get(name=agent.node)
     assert (node.backend, node.driver_version, node.cuda_version) == ("nvml", "550.54.15", "12.4")
     assert sorted(Gpu.objects.filter(node=node).values_list("uuid", "model", "isolation")) == [
         (GPU0, "H100-80GB", "none"),  # no MPS control program on this host: plain time-slicing
@@ -48,7 +48,7 @@ def test_agent_on_nvml_registers_and_meters_a_job_from_driver_figures(platform, 
     fake_nvml.proc_add(index, pid, memory_mb=3000, sm_util=80)
     # ... and a stranger's process on the other GPU, which must not be billed to the job.
     fake_nvml.proc_add(1 - index, 999_999, memory_mb=9000, sm_util=100)
-    (agent.var_dir / "agent" / "ga-gpu-node" / "jobs" / f"{job_id}-1" / "go").touch()
+    (agent.var_dir / "agent" / agent.node / "jobs" / f"{job_id}-1" / "go").touch()
 
     # The process exits, but NVML still lists its pid: the GPU is not free, the job not over.
     wait_for(lambda: not _alive(pid), timeout=30, what="the job's process to exit")

@@ -90,22 +90,22 @@ def test_hardware_xid_takes_the_gpu_out_until_the_operator_returns_it(platform, 
     assert _running_on(second) == uuid
 
 
-def test_cordon_and_drain_take_effect(platform, agent_factory):
-    agent_factory("ga-node-1", gpus="sim:2xH100-80GB")
+def test_cordon_and_drain_take_effect(platform, agent_factory, node):
+    agent_factory(node, gpus="sim:2xH100-80GB")
     session = platform.session_for(TenantFactory(slug="acme"))
-    call_command("node", "cordon", "ga-node-1")
-    assert Node.objects.get(name="ga-node-1").state == Node.State.CORDONED
+    call_command("node", "cordon", node)
+    assert Node.objects.get(name=node).state == Node.State.CORDONED
     queued = _submit(platform, session, seconds=60)
     wait_for(lambda: _job(queued).pending_reason, what="a pending reason")
     assert _job(queued).state == JobState.QUEUED
 
-    call_command("node", "uncordon", "ga-node-1")
+    call_command("node", "uncordon", node)
     _running_on(queued)
 
     short = _submit(platform, session, seconds=4)
     _running_on(short)
-    call_command("node", "drain", "ga-node-1")
-    assert Node.objects.get(name="ga-node-1").state == Node.State.DRAINING
+    call_command("node", "drain", node)
+    assert Node.objects.get(name=node).state == Node.State.DRAINING
     waiting = _submit(platform, session, seconds=1)
     wait_for(lambda: _job(waiting).pending_reason, what="a pending reason")
     assert _job(waiting).state == JobState.QUEUED
@@ -114,9 +114,9 @@ def test_cordon_and_drain_take_effect(platform, agent_factory):
     assert node_drains_settle() == []
     job_cancel(job=_job(queued), reason="operator wants the node empty")  # the agent stops it for real
     assert _ended(queued).state == JobState.CANCELLED
-    assert node_drains_settle() == ["ga-node-1"]
-    assert Node.objects.get(name="ga-node-1").state == Node.State.CORDONED
-    actions = list(AuditLog.objects.filter(target="ga-node-1").order_by("id").values_list("action", flat=True))
+    assert node_drains_settle() == [node]
+    assert Node.objects.get(name=node).state == Node.State.CORDONED
+    actions = list(AuditLog.objects.filter(target=node).order_by("id").values_list("action", flat=True))
     assert actions == ["node.cordon", "node.uncordon", "node.drain", "node.drained"]
 
 

@@ -50,8 +50,10 @@ def _start_job(platform, agent) -> tuple[int, int]:
     return job_id, pid
 
 
-def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(platform, agent_factory, fast_heartbeats):
-    agent = agent_factory("ga-node-1", gpus="sim:2xH100-80GB")
+def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(
+    platform, agent_factory, fast_heartbeats, node
+):
+    agent = agent_factory(node, gpus="sim:2xH100-80GB")
     job_id, pid = _start_job(platform, agent)
     with scopes_disabled():
         wait_for(lambda: UsageWindow.objects.filter(job_id=job_id).exists(), timeout=30, what="a first window")
@@ -60,10 +62,10 @@ def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(platform
     killed_ms = time.time_ns() // 1_000_000
     assert _alive(pid), "the job outlives its agent (own session)"
     downed = wait_for(lambda: services.node_down_check(), timeout=30, what="the node to be marked down")
-    assert downed == ["ga-node-1"]
+    assert downed == [node]
 
-    node = Node.objects.get(name="ga-node-1")
-    assert node.state == Node.State.DOWN and "missed 3 heartbeats" in node.state_reason
+    down = Node.objects.get(name=node)
+    assert down.state == Node.State.DOWN and "missed 3 heartbeats" in down.state_reason
     job = _job(job_id)
     assert job.state == JobState.QUEUED  # LOST_JOB_POLICY=requeue
     with scopes_disabled():
@@ -73,23 +75,23 @@ def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(platform
         assert not job.allocations.filter(released_at__isnull=True).exists()  # its GPU is free
         last_end = max(UsageWindow.objects.filter(job_id=job_id).values_list("end_ms", flat=True))
     assert last_end <= killed_ms  # billing stopped at the last window the agent sent
-    outages = GpuOutage.objects.filter(gpu__node=node)
+    outages = GpuOutage.objects.filter(gpu__node=down)
     assert outages.count() == 2 and all(o.cause == "node_down" and o.ended_at is None for o in outages)
 
     # The agent comes back: it kills what its previous run left, registers, the node is up again.
     agent.start()
     wait_for(lambda: not _alive(pid), timeout=45, what="the leftover job process to be killed")
-    wait_for(lambda: Node.objects.get(name="ga-node-1").state == Node.State.UP, timeout=45, what="the node up")
+    wait_for(lambda: Node.objects.get(name=node).state == Node.State.UP, timeout=45, what="the node up")
     assert "killed leftover job" in agent.log()
-    assert all(o.ended_at is not None for o in GpuOutage.objects.filter(gpu__node=node))
+    assert all(o.ended_at is not None for o in GpuOutage.objects.filter(gpu__node=down))
     # The requeued job runs again there, as attempt 2.
     wait_for(
         lambda: (j := _job(job_id)).state == JobState.RUNNING and j.attempt == 2, timeout=60, what="attempt 2 to run"
     )
 
 
-def test_a_quick_restart_reports_what_runs_and_the_platform_reconciles(platform, agent_factory):
-    agent = agent_factory("ga-node-1", gpus="sim:1xH100-80GB")
+def test_a_quick_restart_reports_what_runs_and_the_platform_reconciles(platform, agent_factory, node):
+    agent = agent_factory(node, gpus="sim:1xH100-80GB")
     job_id, pid = _start_job(platform, agent)
     agent.kill()
     agent.start()  # before anyone noticed: the node never went down
@@ -102,4 +104,4 @@ def test_a_quick_restart_reports_what_runs_and_the_platform_reconciles(platform,
     with scopes_disabled():
         states = list(JobEvent.objects.filter(job_id=job_id).values_list("to_state", flat=True))
     assert JobState.LOST in states
-    assert Node.objects.get(name="ga-node-1").state == Node.State.UP
+    assert Node.objects.get(name=node).state == Node.State.UP

@@ -60,8 +60,8 @@ def _job(job_id: int) -> Job:
         return Job.objects.get(pk=job_id)
 
 
-def test_windows_spool_during_an_outage_and_arrive_exactly_once(platform, agent_factory, redis_proxy):
-    agent = agent_factory("ga-node-1", extra=["--broker", redis_proxy.url(_redis_db())])
+def test_windows_spool_during_an_outage_and_arrive_exactly_once(platform, agent_factory, redis_proxy, node):
+    agent = agent_factory(node, extra=["--broker", redis_proxy.url(_redis_db())])
     session = platform.session_for(TenantFactory(slug="acme"))
     job_id = _submit(platform, session, 14)
     wait_for(lambda: len(_windows(job_id)) >= 2, timeout=45, what="the first windows")

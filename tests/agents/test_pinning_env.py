@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
 PRINT_AND_HOLD = "import os, time; print('visible=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(3)"
 
 
-def test_two_dedicated_jobs_never_see_the_same_gpu(platform, agent_factory):
-    agent = agent_factory("ga-node-1", gpus="sim:2xH100-80GB")
+def test_two_dedicated_jobs_never_see_the_same_gpu(platform, agent_factory, node):
+    agent = agent_factory(node, gpus="sim:2xH100-80GB")
     session = platform.session_for(TenantFactory(slug="acme"))
     ids = []
     for _ in range(2):
@@ -33,8 +33,8 @@ def test_two_dedicated_jobs_never_see_the_same_gpu(platform, agent_factory):
     assert all(s.startswith("GPU-") for s in seen)
 
 
-def test_a_no_gpu_launch_sees_an_empty_device_list_not_all(agent_factory):
-    agent = agent_factory("ga-node-1")
+def test_a_no_gpu_launch_sees_an_empty_device_list_not_all(agent_factory, node):
+    agent = agent_factory(node)
     launch_direct(agent, 7001, env_dump_command(), gpu_uuids=[])
     env = parse_env_dump(wait_output(agent, 7001, "ENV="))
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # present and empty: hides every GPU (unset would show all)
@@ -42,28 +42,28 @@ def test_a_no_gpu_launch_sees_an_empty_device_list_not_all(agent_factory):
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
-def test_a_pinned_launch_sets_both_device_variables(agent_factory):
-    agent = agent_factory("ga-node-1")
+def test_a_pinned_launch_sets_both_device_variables(agent_factory, node):
+    agent = agent_factory(node)
     from agents.models import Gpu
 
-    uuids = list(Gpu.objects.filter(node__name="ga-node-1").order_by("index").values_list("uuid", flat=True)[:2])
+    uuids = list(Gpu.objects.filter(node__name=node).order_by("index").values_list("uuid", flat=True)[:2])
     launch_direct(agent, 7002, env_dump_command(), gpu_uuids=uuids, share_milli=1000)
     env = parse_env_dump(wait_output(agent, 7002, "ENV="))
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
 
 
-def test_the_agents_own_environment_never_reaches_the_job(agent_factory, monkeypatch):
+def test_the_agents_own_environment_never_reaches_the_job(agent_factory, monkeypatch, node):
     secret = "gpn_this-must-never-reach-a-job"
     monkeypatch.setenv("GPUSHARE_AGENT_TOKEN", secret)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
     monkeypatch.setenv("PGPASSWORD", "pg-secret-value")
     monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/agent-only/lib")
     monkeypatch.setenv("LANG", "C.UTF-8")
-    agent = agent_factory("ga-node-1")
+    agent = agent_factory(node)
     from agents.models import Gpu
 
-    uuid = Gpu.objects.filter(node__name="ga-node-1").order_by("index").values_list("uuid", flat=True).first()
+    uuid = Gpu.objects.filter(node__name=node).order_by("index").values_list("uuid", flat=True).first()
     launch_direct(
         agent,
         7003,
@@ -95,22 +95,22 @@ def test_the_agents_own_environment_never_reaches_the_job(agent_factory, monkeyp
     assert env["HOME"].endswith("/7003-1")
 
 
-def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_factory):
-    agent = agent_factory("ga-node-1")
+def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_factory, node):
+    agent = agent_factory(node)
     launch_direct(agent, 7004, ["python", "-V"], gpu_uuids=[], image="python:3.12-slim")
     wait_for(
         lambda: "no docker engine answers on this node" in agent.log(),
         timeout=60, what="the agent to refuse the image job",
     )
-    assert not (agent.var_dir / "agent" / "ga-node-1" / "jobs" / "7004-1").exists()
+    assert not (agent.var_dir / "agent" / node / "jobs" / "7004-1").exists()
 
 
-def test_run_as_drops_to_the_user_and_its_supplementary_groups(agent_factory):
+def test_run_as_drops_to_the_user_and_its_supplementary_groups(agent_factory, node):
     import os
     import pwd
 
     nobody = pwd.getpwnam("nobody")
-    agent = agent_factory("ga-node-1", extra=["--run-as", "nobody"])
+    agent = agent_factory(node, extra=["--run-as", "nobody"])
     launch_direct(agent, 7005, ["/bin/sh", "-c", "echo ids=$(/usr/bin/id -u):$(/usr/bin/id -g):$(/usr/bin/id -G)"])
     if os.geteuid() == 0:
         output = wait_output(agent, 7005, "ids=")

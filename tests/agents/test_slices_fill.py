@@ -19,8 +19,8 @@ SLICE = (
 )
 
 
-def test_eight_eighth_slices_fill_a_gpu_and_a_ninth_waits(platform, agent_factory):
-    agent = agent_factory("ga-node-1", gpus="sim:1xL4-24GB")
+def test_eight_eighth_slices_fill_a_gpu_and_a_ninth_waits(platform, agent_factory, node):
+    agent = agent_factory(node, gpus="sim:1xL4-24GB")
     session = platform.session_for(TenantFactory(slug="acme"))
     ids = []
     for _ in range(9):

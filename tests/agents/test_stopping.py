@@ -52,8 +52,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_factory):
-    agent = agent_factory("ga-node-1")
+def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_factory, node):
+    agent = agent_factory(node)
     grace = 4
     launch_direct(agent, 8001, [sys.executable, "-c", STUBBORN_TREE], grace_s=grace)
     output = wait_for(
@@ -79,8 +79,8 @@ def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_facto
     assert "cancelled by test" in agent.log()
 
 
-def test_max_runtime_stops_the_job(agent_factory):
-    agent = agent_factory("ga-node-1")
+def test_max_runtime_stops_the_job(agent_factory, node):
+    agent = agent_factory(node)
     launch_direct(agent, 8002, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
                   max_runtime_s=2, grace_s=1)
     wait_output(agent, 8002, "up")
@@ -90,8 +90,8 @@ def test_max_runtime_stops_the_job(agent_factory):
     assert time.monotonic() - started < 30
 
 
-def test_a_flooding_job_is_capped_and_the_log_says_so(agent_factory):
-    agent = agent_factory("ga-node-1", extra=["--log-cap-mb", "1"])
+def test_a_flooding_job_is_capped_and_the_log_says_so(agent_factory, node):
+    agent = agent_factory(node, extra=["--log-cap-mb", "1"])
     flood = "import sys\nfor _ in range(6 * 1024): sys.stdout.write('x' * 1023 + '\\n')\nprint('done', flush=True)"
     launch_direct(agent, 8003, [sys.executable, "-c", flood])
     wait_for(lambda: "job 8003 attempt 1 ended" in agent.log(), timeout=60, what="the flood to end")
