@@ -59,24 +59,29 @@ def tenant_month_spend(*, tenant: Tenant, at: datetime) -> Decimal:
 class SpendSummary:
     month: date
     spent: Decimal  # rounded to cents
-    projected: Decimal  # linear projection to month end
+    projected: Decimal  # spent + the last hour's rate until month end
     limit: Decimal | None
     alert_percent: int | None
     alert: bool  # spend reached the alert threshold of the limit
 
 
 def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
-    """Spend so far this month, a projection (spend ÷ elapsed × month length) and the budget alert flag.
+    """Spend so far this month, the projected month end and the budget alert flag.
 
-    The limit and alert percent are the accounts quota's (``accounts.quotas.limits_for``),
-    which also sends the alert email and enforces the limit.
+    Projection: what is spent, plus the last hour's spend rate for the rest of
+    the month ("if what runs now keeps running"); a tenant with nothing running
+    is projected at what it has spent. The limit and alert percent are the
+    accounts quota's (``accounts.quotas.limits_for``), which also sends the
+    alert email and enforces the limit.
     """
     at_ms = _ms(at)
     month = rating.month_of(at_ms)
-    start, end = rating.month_bounds_ms(month)
+    _, end = rating.month_bounds_ms(month)
     spent = tenant_month_spend(tenant=tenant, at=at)
-    elapsed = max(at_ms - start, 60_000)
-    projected = spent * (end - start) / elapsed
+    last_hour = Charge.objects.filter(
+        tenant=tenant, start_ms__gte=at_ms - rating.MS_PER_HOUR, start_ms__lt=at_ms
+    ).aggregate(s=Sum("amount"))["s"] or Decimal(0)
+    projected = spent + last_hour * (end - at_ms) / rating.MS_PER_HOUR
     limits = quotas.limits_for(tenant)
     limit, percent = limits.monthly_spend_limit, limits.budget_alert_percent
     alert = limit is not None and percent is not None and spent >= limit * Decimal(percent) / 100

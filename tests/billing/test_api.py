@@ -176,3 +176,22 @@ def test_invoices_are_for_owners_and_filter_by_state(usage, tenant, api_client_f
     assert member.get("/api/v1/usage/", {"start": "2026-03-01", "end": "2026-04-01"}).status_code == 200
     assert len(draft) == 1 and paid == []
     assert bad.status_code == 400 and "state" in bad.json()["error"]["fields"]
+
+
+def test_spend_projection_and_alert_flag(fleet, tenant):
+    from datetime import UTC, datetime
+
+    from accounts.models import TenantQuota
+    from billing.selectors import spend_summary
+
+    node = fleet.node()
+    job = fleet.job(tenant, node=node)
+    t = ms(2026, 6, 30, 10)  # 14 h before the month ends
+    usage_windows_ingest(node=node, windows=[window(job, s, t + s * 600_000, t + (s + 1) * 600_000) for s in range(6)])
+    with scopes_disabled():
+        TenantQuota.objects.create(tenant=tenant, monthly_spend_limit=Decimal("3.00"), budget_alert_percent=80)
+        summary = spend_summary(tenant=tenant, at=datetime(2026, 6, 30, 11, tzinfo=UTC))
+
+    assert summary.spent == Decimal("2.49")  # one H100-hour
+    assert summary.projected == Decimal("2.49") + 13 * Decimal("2.49")  # the last hour's rate for 13 more hours
+    assert summary.alert is True and summary.limit == Decimal("3.00")
