@@ -111,9 +111,13 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     and logged, not billed. Each accepted window is split into charges where
     the price, the tenant's discount or the month changes inside it.
     """
+    malformed = [w for w in windows if not isinstance(w, dict)]
+    if malformed:
+        log.warning("usage windows from %s rejected: %d not an object", node.name, len(malformed))
+        windows = [w for w in windows if isinstance(w, dict)]
     batch = _Batch(node, windows)
     accepted: list[tuple[_Row, list[rating.Piece]]] = []
-    rejected = replays = 0
+    rejected, replays = len(malformed), 0
     for window in windows:
         try:
             result = _window_rate(node, window, batch)
@@ -219,8 +223,6 @@ def _rows_insert(accepted: list[tuple[_Row, list[rating.Piece]]]) -> None:
 
 
 def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[rating.Piece]] | None:
-    if not isinstance(window, dict):
-        raise WindowRejected("a window must be an object")
     job_id = _int(window, "job_id")
     job = batch.jobs.get(job_id)
     if job is None:

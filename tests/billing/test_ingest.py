@@ -99,6 +99,11 @@ def test_unknown_job_and_foreign_node_are_rejected(fleet, tenant):
 
     assert result == {"stored": 0, "rejected": 2, "replayed": 0}
     assert cost(job) == 0
+    assert usage_windows_ingest(node=node, windows=["junk", None, window(job, 0, T0, T0 + 1000)]) == {
+        "stored": 1,
+        "rejected": 2,
+        "replayed": 0,
+    }
 
 
 def test_a_price_change_never_rewrites_past_usage(fleet, tenant):
