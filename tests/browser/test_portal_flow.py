@@ -73,6 +73,17 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     assert secret not in page.content()  # shown once only
     assert "github-actions" in page.locator("#tokens").inner_text()
 
+    # A second tab keeps the dashboard open: its live table follows the job by itself.
+    dashboard = page_for(owner, password=PASSWORD)
+    dashboard.goto("/")
+    dashboard.evaluate("window.__sameDocument = true")
+    dashboard.evaluate(
+        """document.body.addEventListener('htmx:afterSettle', () => {
+             const row = document.querySelector('#live-jobs tr[data-job]');
+             if (row) window.__seen = row.innerText;
+           })"""
+    )
+
     # The submit form validates as you type, with the API's own message.
     page.goto("/jobs/new/")
     page.select_option("#id_kind", "training")
@@ -114,6 +125,10 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     with scopes_disabled():
         job = Job.objects.get(pk=job_id)
     assert job.state == JobState.SUCCEEDED and job.tenant_id == tenant.pk
+    # The dashboard tab saw it (polling, no reload) and has dropped it now that it ended.
+    dashboard.wait_for_function(f"!document.querySelector('#live-jobs tr[data-job=\"{job_id}\"]')", timeout=30_000)
+    assert dashboard.evaluate("window.__sameDocument") is True
+    assert dashboard.evaluate("window.__seen") is not None
     assert job.cost > 0
 
     # Its cost on the usage page, as metered.
@@ -129,6 +144,22 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     screenshot(page, "07-jobs-list")
     page.goto("/")
     screenshot(page, "08-dashboard")
+
+    # Every form control has a label; the submit form works from the keyboard alone.
+    for path in ("/", "/jobs/", "/jobs/new/", "/usage/", "/team/"):
+        page.goto(path)
+        unlabelled = page.evaluate(
+            """[...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+                 .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.name)"""
+        )
+        assert unlabelled == [], (path, unlabelled)
+    page.goto("/jobs/new/")
+    page.focus("#id_name")
+    focused = []
+    for _ in range(14):
+        page.keyboard.press("Tab")
+        focused.append(page.evaluate("document.activeElement.id || document.activeElement.innerText"))
+    assert focused[:3] == ["id_kind", "id_gpus", "id_gpu_model"] and "Submit job" in focused
 
     # The layout holds on a phone: nothing wider than the screen.
     phone = page_for(owner, password=PASSWORD, viewport=(375, 812))
