@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django import forms
 from django.forms import modelformset_factory
+from django.utils import timezone
 
 from scheduler.models import JobKind, PriorityClass
 
@@ -45,9 +47,24 @@ PriorityClassRuleFormSet = modelformset_factory(PriorityClass, form=PriorityClas
 
 class WindowForm(forms.Form):
     hours = forms.IntegerField(
-        min_value=1, max_value=24 * 31, initial=24, label="replay the last (hours)",
+        min_value=1, max_value=24 * 31, initial=24, label="replay (hours)",
         help_text="Submissions of this window are replayed on the fleet as it is now.",
     )
+    end = forms.DateTimeField(
+        required=False, label="ending at (UTC)", help_text="empty: now",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"],
+    )
+
+    def bounds(self) -> tuple[datetime, datetime]:
+        end = self.cleaned_data.get("end") or timezone.now()
+        return end - timedelta(hours=self.cleaned_data["hours"]), end
+
+    def clean_end(self):
+        end = self.cleaned_data.get("end")
+        if end and end > timezone.now():
+            raise forms.ValidationError("the window must end now or in the past: there is no history after now")
+        return end
 
 
 class FairShareForm(forms.Form):

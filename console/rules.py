@@ -133,3 +133,27 @@ def rule_changes(current: RuleSet, proposed: RuleSet) -> list[Change]:
     if current.half_life_s != proposed.half_life_s:
         changes.append(Change("fair share", "half_life_s", current.half_life_s, proposed.half_life_s))
     return changes
+
+
+def ruleset_to_data(rules: RuleSet) -> dict:
+    """Plain JSON-able data (for a queued what-if run)."""
+    return {
+        "classes": [{"name": c.name, **c.snapshot()} for c in rules.classes],
+        "weights": {slug: str(w) for slug, w in rules.weights.items()},
+        "half_life_s": rules.half_life_s,
+    }
+
+
+def ruleset_from_data(data: dict) -> RuleSet:
+    return RuleSet(
+        classes=tuple(
+            ClassDraft(
+                name=c["name"], rank=c["rank"], preemptible=c["preemptible"], may_preempt=frozenset(c["may_preempt"]),
+                min_runtime_s=c["min_runtime_s"], grace_period_s=c["grace_period_s"],
+                price_multiplier=Decimal(c["price_multiplier"]), default_for_kind=c["default_for_kind"],
+            )
+            for c in data["classes"]
+        ),
+        weights={slug: Decimal(w) for slug, w in data["weights"].items()},
+        half_life_s=data["half_life_s"],
+    )

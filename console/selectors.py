@@ -196,6 +196,11 @@ def submissions_between(*, start: datetime, end: datetime) -> list[Job]:
 
 
 @scopes_disabled()
+def submissions_count(*, start: datetime, end: datetime) -> int:
+    return Job.objects.filter(submitted_at__gte=start, submitted_at__lt=end).count()
+
+
+@scopes_disabled()
 def tenant_slugs() -> list[str]:
     from accounts.models import Tenant
 

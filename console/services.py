@@ -10,6 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import Plan, Tenant
@@ -27,7 +28,9 @@ from scheduler.rules import (
     tenant_weight_set,
 )
 
-from .rules import ClassDraft, RuleSet, rules_problems
+from . import whatif
+from .models import WhatIfRun
+from .rules import ClassDraft, RuleSet, rules_problems, ruleset_from_data, ruleset_to_data
 
 
 class ConsoleError(Exception):
@@ -289,3 +292,44 @@ def price_add(
         after={"per_gpu_hour": str(per_gpu_hour), "currency": currency, "effective_from": effective_from.isoformat()},
     )
     return price
+
+
+# --- what-if runs (large previews, computed by a Celery task) -------------------------------
+
+
+@transaction.atomic
+def whatif_run_start(*, actor, proposed: RuleSet, start: datetime, end: datetime) -> WhatIfRun:
+    """Queue a preview of ``proposed`` over [start, end); the task runs after commit."""
+    from .tasks import whatif_run_task
+
+    run = WhatIfRun.objects.create(
+        created_by=actor if getattr(actor, "pk", None) else None,
+        window_start=start,
+        window_end=end,
+        draft=ruleset_to_data(proposed),
+    )
+    transaction.on_commit(lambda: whatif_run_task.delay(run_id=run.pk))
+    return run
+
+
+def whatif_run_execute(*, run_id: int) -> WhatIfRun | None:
+    """Compute a queued preview (safe to run twice: a finished run is left alone)."""
+    from . import replay
+
+    with transaction.atomic():
+        run = WhatIfRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.state in (WhatIfRun.State.DONE, WhatIfRun.State.FAILED):
+            return run
+        run.state = WhatIfRun.State.RUNNING
+        run.save(update_fields=["state"])
+    try:
+        comparison = replay.preview_window(
+            proposed=ruleset_from_data(run.draft), start=run.window_start, end=run.window_end
+        )
+    except replay.ReplayTooLarge as exc:
+        run.state, run.error = WhatIfRun.State.FAILED, str(exc)[:300]
+    else:
+        run.state, run.result = WhatIfRun.State.DONE, whatif.comparison_to_data(comparison)
+    run.finished_at = timezone.now()
+    run.save(update_fields=["state", "result", "error", "finished_at"])
+    return run

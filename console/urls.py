@@ -15,5 +15,6 @@ urlpatterns = [
 ]
 urlpatterns += [
     path("rules/", views.rules, name="rules"),
+    path("rules/previews/<int:pk>/", views.whatif_run, name="whatif-run"),
     path("reports/", views.reports, name="reports"),
 ]

@@ -22,6 +22,7 @@ from agents.models import Gpu, Node
 from scheduler.models import PriorityClass
 
 from . import forms, replay, selectors, services
+from .models import WhatIfRun
 from .rules import RuleSet, rule_changes, rules_problems
 
 
@@ -155,7 +156,9 @@ def _rules_forms(request):
 @staff_member_required
 def rules(request):
     current, classes, fair, window = _rules_forms(request)
-    context = {"classes_formset": classes, "fair": fair, "window": window, "problems": [], "comparison": None}
+    context = {
+        "classes_formset": classes, "fair": fair, "window": window, "problems": [], "comparison": None, "run": None,
+    }
     if request.method == "POST":
         valid = classes.is_valid() & fair.is_valid() & window.is_valid()
         if valid:
@@ -175,10 +178,19 @@ def rules(request):
                     messages.success(request, f"Saved {count} rule change(s); the next scheduling pass follows them.")
                     return redirect("console:rules")
             elif not context["problems"]:
-                try:
-                    context["comparison"] = replay.preview(proposed=proposed, hours=window.cleaned_data["hours"])
-                except replay.ReplayTooLarge as exc:
-                    context["problems"] = [str(exc)]
+                start, end = window.bounds()
+                count = selectors.submissions_count(start=start, end=end)
+                if count > replay.MAX_REPLAY_JOBS:
+                    context["problems"] = [
+                        f"the window holds {count} submissions and a preview replays at most "
+                        f"{replay.MAX_REPLAY_JOBS}: choose a shorter window"
+                    ]
+                elif count > replay.INLINE_REPLAY_JOBS:
+                    context["run"] = services.whatif_run_start(
+                        actor=request.user, proposed=proposed, start=start, end=end
+                    )
+                else:
+                    context["comparison"] = replay.preview_window(proposed=proposed, start=start, end=end)
     return _page(request, "console/rules.html", "Priority rules and what-if preview", **context)
 
 
@@ -196,3 +208,12 @@ def reports(request):
         return redirect("console:reports")
     report = selectors.usage_report(month=month, now=now)
     return _page(request, "console/reports.html", f"Reports for {month:%Y-%m}", report=report, month_text=month_text)
+
+
+@staff_member_required
+def whatif_run(request, pk: int):
+    """The state of a queued preview, polled by the rules page until it is done."""
+    run = WhatIfRun.objects.filter(pk=pk).first()
+    if run is None:
+        raise Http404("no such preview")
+    return TemplateResponse(request, "console/_whatif_run.html", {"run": run, "comparison": run.result})

@@ -395,3 +395,25 @@ def compare(
             rows.append(Row(group, name, b.get(name, Stats()), a.get(name, Stats())))
     unplaceable = sum(1 for o in after.outcomes.values() if o.unplaceable)
     return Comparison(before=before, after=after, rows=rows, jobs=len(history), unplaceable=unplaceable)
+
+
+def comparison_to_data(comparison: Comparison) -> dict:
+    """The side-by-side table as plain JSON-able data, shaped like the Comparison the page renders."""
+
+    def stats(s: Stats) -> dict:
+        return {
+            "jobs": s.jobs, "started": s.started, "mean_wait_s": s.mean_wait_s, "p95_wait_s": s.p95_wait_s,
+            "gpu_hours": s.gpu_hours, "preemptions": s.preemptions,
+        }
+
+    return {
+        "jobs": comparison.jobs,
+        "unplaceable": comparison.unplaceable,
+        "before": {"utilisation": comparison.before.utilisation},
+        "after": {"utilisation": comparison.after.utilisation},
+        "rows": [
+            {"group": r.group, "name": r.name, "before": stats(r.before), "after": stats(r.after),
+             "mean_wait_change_s": r.mean_wait_change_s}
+            for r in comparison.rows
+        ],
+    }

@@ -258,5 +258,5 @@ def test_a_window_too_large_to_replay_is_refused_with_the_limit(staff_client, ru
     response = staff_client.post(reverse("console:rules"), {**form_data(), "hours": "6", "_preview": "1"})
     assert response.context["comparison"] is None
     assert response.context["problems"] == [
-        "the last 6 h hold 3 submissions and a preview replays at most 2: choose a shorter window"
+        "the window holds 3 submissions and a preview replays at most 2: choose a shorter window"
     ]
