@@ -90,9 +90,14 @@ def test_a_heavier_fair_share_weight_gets_its_tenant_more_of_a_contended_fleet()
     rows = {(r.group, r.name): r for r in result.rows}
     assert rows[("tenant", "a")].after.mean_wait_s < rows[("tenant", "a")].before.mean_wait_s
     assert rows[("tenant", "b")].after.mean_wait_s > rows[("tenant", "b")].before.mean_wait_s
-    # Within the first half of the replay, a received about three quarters of the GPU time.
-    first_half = sorted(result.after.outcomes.values(), key=lambda o: o.start_ms)[:12]
-    assert sum(o.tenant == "a" for o in first_half) in (8, 9, 10)
+    # In the first half of the replay, equal weights share the GPU; a 3:1 weight gives a clearly more.
+    def a_starts_in_first_half(replay) -> int:
+        first_half = sorted(replay.outcomes.values(), key=lambda o: o.start_ms)[:12]
+        return sum(o.tenant == "a" for o in first_half)
+
+    assert a_starts_in_first_half(result.before) in (5, 6, 7)
+    assert a_starts_in_first_half(result.after) >= 8
+    assert result.after.per_tenant["b"].started == 12  # b is slowed down, never starved
 
 
 def test_preemption_is_counted_and_the_victim_reruns_in_full():
