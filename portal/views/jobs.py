@@ -134,11 +134,15 @@ def job_submit(request):
     source = request.GET.get("from", "")
     if source.isdigit():
         initial = form_initial_from_job(_job(request, int(source)))
-    form = JobSubmitForm(initial=initial)
     if initial:
-        form = JobSubmitForm(data=initial)
-        form.is_valid()
-    return page(request, "portal/submit.html", {**_submit_context(request, form), "can_submit": can_submit})
+        form = preview = JobSubmitForm(data=initial)
+    else:
+        # A blank form, with the estimate and CI snippets of its defaults beside it.
+        form = JobSubmitForm()
+        preview = JobSubmitForm(data={name: f.initial or "" for name, f in form.fields.items()})
+    preview.is_valid()
+    context = {**_submit_context(request, preview), "form": form, "can_submit": can_submit}
+    return page(request, "portal/submit.html", context)
 
 
 @tenant_page

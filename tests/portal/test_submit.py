@@ -134,3 +134,10 @@ def test_cli_box_parses_back_to_the_same_body(client_for, tenant):
             "priority": "serving",
         }
     )
+
+
+def test_blank_form_shows_no_errors_but_the_defaults_price(client_for, tenant):
+    page = client_for(tenant).get(reverse("portal:submit")).content.decode()
+    assert "<li>" not in page.split('id="submit-form"', 1)[1].split("</form>", 1)[0]  # no error shown yet
+    assert "$0.70–$2.49" in page  # one whole GPU, L4 to H100, standard class
+    assert "gpushare submit --kind training --gpus 1 --wait --" in page
