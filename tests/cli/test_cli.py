@@ -15,7 +15,7 @@ from django_scopes import scopes_disabled
 
 from cli.main import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE, job_exit_code
 from scheduler.models import Job
-from tests.factories import TenantFactory, platform_rules_seed, token_for
+from tests.factories import TenantFactory, platform_rules_seed, token_for, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -289,3 +289,27 @@ def test_quota_usage_and_estimate(live_server, transactional_db):
     assert "H100-80GB" in estimate.stdout
     bad = run_cli(live_server.url, token, "usage", "--start", "2026-02-01T00:00:00Z", "--end", "2026-01-01T00:00:00Z")
     assert bad.returncode == EXIT_API and "end must be after start" in bad.stderr
+
+
+@pytest.mark.integration
+def test_cancel_stops_a_running_job(platform, agent_factory):
+    agent_factory("node-1")
+    tenant = TenantFactory(slug="ci")
+    token = token_for(tenant)
+    script = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
+    submitted = run_cli(platform.url, token, "submit", "--", sys.executable, "-c", script)
+    job_id = submitted.stdout.strip()
+    session = platform.session_for(tenant)
+    wait_for(
+        lambda: session.get(f"{platform.url}/api/v1/jobs/{job_id}/", timeout=10).json()["state"] == "running",
+        timeout=60,
+        what="the job to run",
+    )
+    cancel = run_cli(platform.url, token, "cancel", job_id)
+    assert cancel.returncode == 0 and "stopping" in cancel.stdout, cancel.stderr
+    waited = run_cli(platform.url, token, "wait", job_id, "--logs", "--timeout", "60")
+    assert waited.returncode == EXIT_CANCELLED, waited.stderr
+    assert "started\n" in waited.stdout
+    with scopes_disabled():
+        job = Job.objects.get(pk=int(job_id))
+    assert job.state == "cancelled" and (job.finished_at - job.started_at).total_seconds() < 60
