@@ -196,3 +196,31 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     stranger_page.goto("/usage/")
     assert f"#{job_id}" not in stranger_page.locator("#usage-by-job").inner_text()
     assert Decimal(job.cost) > 0
+
+
+def test_invited_viewer_joins_from_the_email_and_cannot_submit(live_server, rules, page_for, screenshot):
+    from django.core import mail
+
+    tenant, owner = owner_of("initech")
+    page = page_for(owner, password=PASSWORD)
+    page.goto("/team/")
+    page.fill("#invite-form #id_email", "analyst@initech.test")
+    page.select_option("#invite-form #id_role", "viewer")
+    page.locator("#invite-form [type=submit]").click()
+    page.wait_for_selector("#invitations")
+    assert "analyst@initech.test as viewer" in page.locator("#invitations").inner_text()
+    screenshot(page, "11-team-invited")
+
+    link = re.search(r"https?://\S+/accounts/invite/\S+/", mail.outbox[-1].body).group(0)
+    guest = page_for(None)
+    guest.goto(link)
+    guest.fill("#id_password1", PASSWORD)
+    guest.fill("#id_password2", PASSWORD)
+    guest.locator("form [type=submit]").click()
+    guest.wait_for_url(f"{live_server.url}/")
+    assert "Initech · viewer" in guest.locator(".tenant-name").inner_text()
+    guest.goto("/jobs/new/")
+    assert guest.locator("#submit-form [type=submit]").is_disabled()
+    assert guest.locator("a.btn-primary", has_text="Submit a job").count() == 0
+    guest.goto("/")
+    assert guest.locator("a.btn-primary", has_text="Submit a job").count() == 0
