@@ -369,7 +369,7 @@ def submission_check(*, tenant: Tenant, mode: str, gpu_milli: int) -> None:
     from scheduler.models import TERMINAL_STATES, Job
     from scheduler.services import JobError
 
-    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    locked = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
     limits = limits_for(locked)

@@ -271,7 +271,7 @@ def _owners_left(tenant: Tenant, *, excluding: Membership) -> int:
 
 @transaction.atomic
 def member_role_change(*, membership: Membership, actor, role: str) -> Membership:
-    tenant = Tenant.objects.select_for_update().get(pk=membership.tenant_id)
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=membership.tenant_id)
     actor_role = _require(actor=actor, tenant=tenant, action="members.manage")
     if role not in Role.values:
         raise AccountsError(f"unknown role {role!r}; allowed: {', '.join(Role.values)}")
@@ -298,7 +298,7 @@ def member_role_change(*, membership: Membership, actor, role: str) -> Membershi
 @transaction.atomic
 def member_remove(*, membership: Membership, actor) -> None:
     """Remove a member (or leave, when actor is the member); their tokens stop working with the membership."""
-    tenant = Tenant.objects.select_for_update().get(pk=membership.tenant_id)
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=membership.tenant_id)
     with scopes_disabled():
         membership = Membership.objects.select_related("user").get(pk=membership.pk)
         if actor is None or actor.pk != membership.user_id:
@@ -352,7 +352,7 @@ def quota_set(*, tenant: Tenant, actor, plan=..., **limits) -> TenantQuota:
             raise AccountsError(f"{name} is one of {', '.join(RunningJobsPolicy.values)}")
     if limits.get("budget_alert_percent") is not None and not 1 <= limits["budget_alert_percent"] <= 100:
         raise AccountsError("budget_alert_percent is between 1 and 100")
-    Tenant.objects.select_for_update().get(pk=tenant.pk)
+    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     with scopes_disabled():
         quota, _ = TenantQuota.objects.select_for_update().get_or_create(tenant=tenant)
         before = _quota_snapshot(quota)
@@ -390,7 +390,7 @@ def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
     if not reason.strip():
         raise AccountsError("a suspension needs a reason")
     with scopes_disabled():
-        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         if tenant.state == Tenant.State.SUSPENDED:
             return tenant
         tenant.state = Tenant.State.SUSPENDED
@@ -413,7 +413,7 @@ def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
 @transaction.atomic
 def tenant_reinstate(*, tenant: Tenant, actor, reason: str = "") -> Tenant:
     with scopes_disabled():
-        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         if tenant.state == Tenant.State.ACTIVE:
             return tenant
         before = tenant.state
@@ -456,7 +456,7 @@ def budgets_enforce(*, now=None) -> dict:
 def _budget_enforce_one(*, tenant: Tenant, usage: quotas.MonthUsage, now=None) -> tuple[int, int]:
     from django.core.mail import send_mail
 
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     limits = quotas.limits_for(tenant)
     alerted = stopped = 0
     since = quotas.month_start(now)

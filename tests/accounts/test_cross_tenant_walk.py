@@ -209,7 +209,9 @@ def model_for(route: Route, kwarg: str) -> str:
         segments = [s for s in re.split(r"[/^$]+", before) if s and "<" not in s and "(" not in s]
         noun = segments[-1] if segments else ""
     noun = noun.lower().removesuffix("s")
-    candidates = [label for label in tenant_models() if label.split(".")[1].lower() in (noun, f"api{noun}")]
+    names = {label: label.split(".")[1].lower() for label in tenant_models()}
+    candidates = [label for label, name in names.items() if name in (noun, f"api{noun}")]
+    candidates = candidates or [label for label, name in names.items() if noun and name.startswith(noun)]
     assert len(candidates) == 1, (
         f"cannot tell which tenant-owned model {kwarg!r} of {route.route!r} names ({noun!r} -> {candidates}); "
         "teach tests/accounts/test_cross_tenant_walk.py::model_for"

@@ -85,3 +85,44 @@ def test_fifty_threads_racing_for_the_last_open_slot():
     assert outcomes == {"ok": 1, "quota_exceeded": SUBMITS - 1}, outcomes
     with scopes_disabled():
         assert Job.objects.filter(tenant=tenant).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tenant_lock_does_not_block_rows_that_merely_reference_the_tenant():
+    """submission_check locks FOR NO KEY UPDATE: a scheduling pass inserting an allocation (a foreign
+    key to the tenant, which takes FOR KEY SHARE) is not blocked by a submit in flight, so a suspend
+    (tenant lock, then job locks) and a pass (job locks, then tenant FK) cannot deadlock."""
+    import time
+
+    from django.db import transaction
+
+    from accounts.models import AuditLog
+    from accounts.quotas import submission_check
+
+    platform_rules_seed()
+    tenant = TenantFactory(slug="race-d")
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        try:
+            with transaction.atomic():
+                submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    assert locked.wait(30)
+    started = time.monotonic()
+    try:
+        with transaction.atomic():
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            AuditLog.objects.create(tenant=tenant, action="test.reference")  # FK check: FOR KEY SHARE
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(30)
+    assert elapsed < 2.5
