@@ -111,3 +111,41 @@ def test_fleet_grid_refreshes_and_a_drain_takes_effect(operator_page, screenshot
     with scopes_disabled():
         second = Job.objects.select_related("node").get(pk=second.pk)
     assert second.node is None or second.node.name != job.node.name
+
+
+def test_queue_change_class_and_cancel_in_the_browser(operator_page, screenshot):  # noqa: F811
+    platform_rules_seed()
+    tenant, other = TenantFactory(slug="acme"), TenantFactory(slug="globex")
+    first = queued_job(other, priority="standard")
+    moved = queued_job(tenant, priority="preemptible")
+    doomed = queued_job(tenant, priority="preemptible")
+    page = operator_page
+
+    page.goto("/console/queue/")
+    rows = page.locator("#queue tbody tr")
+    assert [rows.nth(i).get_attribute("data-job") for i in range(3)] == [str(first.pk), str(moved.pk), str(doomed.pk)]
+    screenshot(page, "console-queue")
+    row = page.locator(f'tr[data-job="{moved.pk}"]')
+    row.locator("select[name=priority]").select_option("serving")
+    row.locator("button:has-text('Change class')").click()
+    page.wait_for_selector(".messagelist .success")
+    assert page.locator("#queue tbody tr").first.get_attribute("data-job") == str(moved.pk)
+    page.locator(f'tr[data-job="{doomed.pk}"] button:has-text("Cancel")').click()
+    page.wait_for_selector(f'.messagelist .success:has-text("Job {doomed.pk}")')
+    assert page.locator(f'tr[data-job="{doomed.pk}"]').count() == 0
+    with scopes_disabled():
+        assert Job.objects.get(pk=doomed.pk).state == "cancelled"
+    assert set(AuditLog.objects.values_list("action", flat=True)) >= {"job.priority_change", "job.cancel"}
+
+
+def test_a_contradiction_in_the_admin_class_form(operator_page, screenshot):  # noqa: F811
+    platform_rules_seed()
+    page = operator_page
+    preemptible = PriorityClass.objects.get(name="preemptible")
+    page.goto(f"/admin/scheduler/priorityclass/{preemptible.pk}/change/")
+    page.locator("select[name=default_for_kind]").select_option("training")
+    page.locator("input[name=_save]").click()
+    page.wait_for_selector(".errornote, .errorlist")
+    assert "one default class per job kind: training has preemptible, standard" in page.content()
+    screenshot(page, "console-admin-class-contradiction")
+    assert PriorityClass.objects.get(name="preemptible").default_for_kind == ""
