@@ -86,7 +86,7 @@ def measure(ctx, stack, *, backend: str, seconds: float) -> dict:
 
 def run(ctx) -> tuple[list[Row], dict]:
     stack = ctx.stack()
-    seconds = 10 if ctx.quick else 30
+    seconds = 10 if ctx.quick else 20
     results = {backend: measure(ctx, stack, backend=backend, seconds=seconds) for backend in ("sim", "fake-nvml")}
     rows = [
         Row("agent", f"CPU per GPU, 1 Hz, {backend} backend", r["per_gpu_pct"], "% core", higher_is_better=False,

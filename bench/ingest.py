@@ -120,7 +120,7 @@ def one_run(ctx, stack, *, jobs: int, per_job: int, run: int) -> dict:
 def run(ctx) -> tuple[list[Row], dict]:
     stack = ctx.stack()
     runs_n = 3
-    jobs, per_job = (20, 1000) if ctx.quick else (100, 1000)
+    jobs, per_job = (20, 1000) if ctx.quick else (40, 1000)
     runs = [one_run(ctx, stack, jobs=jobs, per_job=per_job, run=i + 1) for i in range(runs_n)]
     ours = median(r["per_s"] for r in runs)
     ceiling = median(r["copy_per_s"] for r in runs)

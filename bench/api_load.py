@@ -1,0 +1,131 @@
+"""Benchmark: the API under load (wrk, 50 connections) vs the same server's trivial endpoint.
+
+Endpoints, each with the tenant's Bearer token through gunicorn:
+- ``GET /api/v1/jobs/`` (first page) with N finished jobs in the database
+  (bulk-inserted history: 100,000, or 10,000 with --quick);
+- ``POST /api/v1/jobs/`` (the node is cordoned so the submitted jobs stay queued);
+- ``GET /api/v1/`` (the API root: same authentication, throttle and rendering,
+  no query of its own) as the ceiling.
+Goal: p99 < 100 ms and >= 30% of the ceiling's throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+from .fixtures import finished_jobs_create
+from .stats import Row, median
+
+CONNECTIONS = 50
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def duration_ms(text: str) -> float:
+    """wrk's '12.34ms' / '1.2s' / '850.00us' -> milliseconds."""
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    if not match:
+        raise ValueError(f"not a wrk duration: {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def wrk_parse(output: str) -> dict:
+    """Requests/s, latency percentiles (ms), errors and non-2xx count from ``wrk --latency``."""
+    out: dict = {"non_2xx": 0, "socket_errors": 0}
+    if m := re.search(r"Requests/sec:\s+([\d.]+)", output):
+        out["rps"] = float(m.group(1))
+    for pct, value in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)\s*$", output, flags=re.M):
+        out[f"p{pct}_ms"] = duration_ms(value)
+    if m := re.search(r"(\d+) requests in", output):
+        out["requests"] = int(m.group(1))
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", output):
+        out["non_2xx"] = int(m.group(1))
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output):
+        out["socket_errors"] = sum(int(x) for x in m.groups())
+    return out
+
+
+def wrk_script(method: str, token: str, body: dict | None) -> str:
+    lines = [f'wrk.method = "{method}"', f'wrk.headers["Authorization"] = "Bearer {token}"']
+    if body is not None:
+        lines += ['wrk.headers["Content-Type"] = "application/json"', f"wrk.body = {json.dumps(json.dumps(body))}"]
+    return "\n".join(lines) + "\n"
+
+
+def wrk_run(url: str, script_path, seconds: int) -> dict:
+    if not shutil.which("wrk"):
+        from .slurm import SlurmError, slurm_install  # noqa: F401 - same apt path
+
+        raise RuntimeError("wrk is missing: apt-get install wrk")
+    result = subprocess.run(
+        ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds}s", "--timeout", "10s", "--latency", "-s", str(script_path),
+         url],
+        capture_output=True, text=True, check=True,
+    )
+    parsed = wrk_parse(result.stdout)
+    parsed["raw"] = result.stdout
+    return parsed
+
+
+def run(ctx) -> tuple[list[Row], dict]:
+    stack = ctx.stack()
+    history = 10_000 if ctx.quick else 100_000
+    seconds = 5 if ctx.quick else 10
+    runs_n = 3
+    ctx.log(f"  api: bulk-inserting {history:,} finished jobs")
+    finished_jobs_create(tenant_id=stack.tenant_id, node_name=stack.config.node, count=history)
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+    submit = {"kind": "inference", "gpus": 0.125, "command": ["true"]}
+    targets = {
+        "ceiling": (f"{stack.url}/api/v1/", "GET", None),
+        "list": (f"{stack.url}/api/v1/jobs/", "GET", None),
+        "submit": (f"{stack.url}/api/v1/jobs/", "POST", submit),
+    }
+    session = stack.session()
+    for name, (url, method, body) in targets.items():
+        r = session.request(method, url, json=body, timeout=30)
+        if r.status_code not in (200, 201):
+            raise RuntimeError(f"{name}: {method} {url} answered {r.status_code}: {r.text[:300]}")
+    stack.node_state_set("cordoned")
+    results: dict = {name: [] for name in targets}
+    try:
+        for i in range(runs_n):
+            for name, (url, method, body) in targets.items():
+                script = ctx.workdir / f"wrk-{name}.lua"
+                script.write_text(wrk_script(method, stack.tenant_token, body))
+                res = wrk_run(url, script, seconds)
+                results[name].append(res)
+                ctx.log(f"  api run {i + 1} {name}: {res.get('rps', 0):.0f} req/s, p50 {res.get('p50_ms', 0):.0f} ms,"
+                        f" p99 {res.get('p99_ms', 0):.0f} ms, non-2xx {res['non_2xx']}, socket errors "
+                        f"{res['socket_errors']}")
+            stack.jobs_cancel_queued()
+    finally:
+        stack.jobs_cancel_queued()
+        stack.node_state_set("up")
+    rows = []
+    ceiling = median(r["rps"] for r in results["ceiling"])
+    for name, label in (("list", f"job list ({history:,} jobs in DB)"), ("submit", "job submit")):
+        rps = median(r["rps"] for r in results[name])
+        p50 = median(r["p50_ms"] for r in results[name])
+        p99 = median(r["p99_ms"] for r in results[name])
+        errors = sum(r["non_2xx"] + r["socket_errors"] for r in results[name])
+        met = p99 < 100 and rps >= 0.3 * ceiling and errors == 0
+        rows.append(Row("api", f"{label}, {CONNECTIONS} conns", rps, "req/s", ceiling, "GET /api/v1/ (trivial)",
+                        goal="p99<100ms, >=30% ceiling", goal_met=met, runs=runs_n,
+                        note=f"errors {errors}"))
+        rows.append(Row("api", f"{label} p50", p50, "ms", median(r["p50_ms"] for r in results["ceiling"]),
+                        "GET /api/v1/", higher_is_better=False, runs=runs_n))
+        rows.append(Row("api", f"{label} p99", p99, "ms", median(r["p99_ms"] for r in results["ceiling"]),
+                        "GET /api/v1/", higher_is_better=False, goal="< 100 ms", goal_met=p99 < 100, runs=runs_n))
+    for runs in results.values():
+        for r in runs:
+            r.pop("raw", None)
+    return rows, {"history_jobs": history, "seconds_per_run": seconds, "connections": CONNECTIONS,
+                  "web_workers": stack.config.web_workers, "web_threads": stack.config.web_threads,
+                  "results": results}
