@@ -171,11 +171,15 @@ def job_for_console(*, job_id: int) -> Job | None:
 # --- audit -----------------------------------------------------------------
 
 
-def audit_recent(*, limit: int = 50, action_prefix: str = "") -> list[AuditLog]:
-    entries = AuditLog.objects.select_related("actor", "tenant")
-    if action_prefix:
-        entries = entries.filter(action__startswith=action_prefix)
-    return list(entries[:limit])
+RULE_ACTIONS = ("priority_class.", "scheduler.")
+
+
+def rule_changes_recent(*, limit: int = 20) -> list[AuditLog]:
+    """The latest audited changes to priority classes, weights and scheduler settings."""
+    query = Q()
+    for prefix in RULE_ACTIONS:
+        query |= Q(action__startswith=prefix)
+    return list(AuditLog.objects.filter(query).select_related("actor", "tenant")[:limit])
 
 
 # --- history for the what-if replay ----------------------------------------

@@ -158,6 +158,7 @@ def rules(request):
     current, classes, fair, window = _rules_forms(request)
     context = {
         "classes_formset": classes, "fair": fair, "window": window, "problems": [], "comparison": None, "run": None,
+        "recent": selectors.rule_changes_recent(),
     }
     if request.method == "POST":
         valid = classes.is_valid() & fair.is_valid() & window.is_valid()

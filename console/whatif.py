@@ -64,11 +64,9 @@ class Rules:
     backfill: bool = True
     default_max_runtime_ms: int = 24 * HOUR_MS
     preempt_grace_ms: int = 30_000
-    # Reassign a tenant's jobs to another class ("what if acme's jobs ran as serving").
-    tenant_class: dict[str, str] = field(default_factory=dict)
 
     def class_of(self, job: HistoryJob) -> str:
-        return self.tenant_class.get(job.tenant, job.priority)
+        return job.priority
 
     def rule_of(self, job: HistoryJob) -> ClassRule:
         name = self.class_of(job)

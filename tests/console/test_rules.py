@@ -118,6 +118,9 @@ def test_save_writes_the_rules_and_an_audit_row_per_class(staff_client, operator
     assert (entry.before["rank"], entry.after["rank"]) == (100, 150)
     assert (entry.before["grace_period_s"], entry.after["grace_period_s"]) == (30, 5)
     assert entry.after["price_multiplier"] == str(Decimal("0.600"))
+    page = staff_client.get(reverse("console:rules"))
+    assert [(e.action, e.target) for e in page.context["recent"]] == [("priority_class.update", "preemptible")]
+    assert "priority_class.update preemptible" in page.content.decode()
 
 
 def test_one_save_can_move_a_default_and_reorder_classes_in_the_order_the_scheduler_accepts(staff_client, rules):
