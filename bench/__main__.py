@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -78,8 +79,6 @@ def external_rows(name: str, raw: dict) -> list[Row]:
 
 
 def machine() -> dict:
-    import os
-
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
     try:
         model = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
@@ -113,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                     ctx.log(f"{name}: {BENCHMARKS[name]} is not there yet; skipped")
                     continue
                 raise
-            ctx.log(f"{name}: running")
+            load_before = os.getloadavg()
+            ctx.log(f"{name}: running (load average {load_before[0]:.1f} on {os.cpu_count()} CPUs)")
             started = time.monotonic()
             try:
                 if name in EXTERNAL:
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             all_rows += rows
             payload = {
                 "name": name, "quick": args.quick, "seconds": elapsed, "machine": machine(),
+                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "rows": [r.as_dict() for r in rows], "raw": raw,
             }
