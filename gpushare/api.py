@@ -1,14 +1,15 @@
-"""Pieces every REST endpoint shares: the error format and tenant scoping.
+"""Pieces every REST endpoint shares: the error format, tenant scoping, pagination,
+the error answers in the OpenAPI schema, and Django-level errors on /api/ paths.
 
 Errors always look like ``{"error": {"code": ..., "message": ..., "fields": {...}}}``
-with a stable ``code``: invalid, not_found, quota_exceeded, budget_exhausted,
-unauthenticated, forbidden, conflict, rate_limited.
+with a stable ``code`` (ERROR_CODES): invalid, not_found, quota_exceeded,
+budget_exhausted, unauthenticated, forbidden, conflict, rate_limited, too_large,
+server_error. docs/api.md has the table of codes and HTTP statuses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -47,8 +48,6 @@ ERROR_CODES = (
     "too_large",
     "server_error",
 )
-
-log = logging.getLogger(__name__)
 
 _CODE_BY_STATUS = {
     400: "invalid",
