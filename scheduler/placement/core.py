@@ -38,7 +38,7 @@ from .data import (
 )
 from .fleet import Fleet, slice_memory
 from .preempt import victims_choose, victims_eligible
-from .timeline import earliest_start
+from .timeline import Timeline, earliest_start
 
 HARD = float("-inf")  # a reservation no request can use
 
@@ -66,6 +66,9 @@ class _Planner:
         self.strict_block: int | None = None
         self.taken: set[int] = set()
         self._never: dict[tuple, str] = {}
+        self._no_fit: dict[tuple, float] = {}  # shape -> earliest end for which it did not fit
+        self._no_fit_anywhere: set[tuple] = set()  # shapes that do not fit even ignoring reservations
+        self._stopping_no_help: set[tuple] = set()
         self._preempt_failed: dict[tuple, int] = {}  # shape -> highest rank that found no victims
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
@@ -99,10 +102,11 @@ class _Planner:
             self.held_dedicated[tenant] = self.held_dedicated.get(tenant, 0) + milli // WHOLE
         self.held_milli[tenant] = self.held_milli.get(tenant, 0) + milli
 
-    def standing(self, tenant: str) -> float:
+    def standing(self, tenant: str, asking: Request) -> float:
+        """The tenant's standing once ``asking`` (its next job) is granted: lowest goes first."""
         return fairshare.standing(
             usage=self.policy.usage.get(tenant, 0.0),
-            held_milli=self.held_milli.get(tenant, 0),
+            held_milli=self.held_milli.get(tenant, 0) + asking.milli / 2,
             weight=self.policy.weights.get(tenant, 1.0),
             half_life_ms=self.policy.half_life_ms,
         )
@@ -117,7 +121,7 @@ class _Planner:
         for (rank, tenant), queue in queues.items():
             queue.sort(key=lambda r: (r.submitted_ms, r.job_id), reverse=True)  # pop() from the end
             head = queue[-1]
-            heap.append((-rank, self.standing(tenant), head.submitted_ms, head.job_id, 0, rank, tenant))
+            heap.append((-rank, self.standing(tenant, head), head.submitted_ms, head.job_id, 0, rank, tenant))
         heapq.heapify(heap)
         position = 0
         while heap:
@@ -127,7 +131,7 @@ class _Planner:
                 head = queues[(rank, tenant)][-1]
                 heapq.heappush(
                     heap,
-                    (-rank, self.standing(tenant), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
+                    (-rank, self.standing(tenant, head), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
                      tenant),
                 )
                 continue
@@ -141,7 +145,7 @@ class _Planner:
                 head = queue[-1]
                 heapq.heappush(
                     heap,
-                    (-rank, self.standing(tenant), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
+                    (-rank, self.standing(tenant, head), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
                      tenant),
                 )
         self._estimate()
@@ -183,6 +187,18 @@ class _Planner:
         return False
 
     def _place(self, request: Request, end: float) -> bool:
+        # Capacity only shrinks and reservations only grow during a pass: a shape
+        # that did not fit for jobs ending at E will not fit for jobs ending later.
+        shape = request.shape()
+        failed_end = self._no_fit.get(shape)
+        if failed_end is not None and end >= failed_end:
+            return False
+        if not self._place_now(request, end):
+            self._no_fit[shape] = end if failed_end is None else min(failed_end, end)
+            return False
+        return True
+
+    def _place_now(self, request: Request, end: float) -> bool:
         fleet = self.fleet
         if request.shared:
             gpu = fleet.find_shared(request, end)
@@ -266,9 +282,16 @@ class _Planner:
         return f"waiting for {request.count} free whole {model}GPU(s) on one node"
 
     def _fits_ignoring_reservations(self, request: Request) -> bool:
+        shape = request.shape()
+        if shape in self._no_fit_anywhere:
+            return False
         if request.shared:
-            return self.fleet.find_shared(request, HARD) is not None
-        return self.fleet.find_dedicated(request, HARD) is not None
+            fits = self.fleet.find_shared(request, HARD) is not None
+        else:
+            fits = self.fleet.find_dedicated(request, HARD) is not None
+        if not fits:
+            self._no_fit_anywhere.add(shape)
+        return fits
 
     def _reservation_owner(self, request: Request) -> int:
         for uuid, job in self.reserved_for.items():
@@ -286,8 +309,11 @@ class _Planner:
     def _wait_for_stopping(self, request: Request) -> bool:
         if not self.stopping_end or not self.policy.may_preempt.get(request.priority):
             return False
+        if request.shape() in self._stopping_no_help:
+            return False
         found = earliest_start(self.fleet, request, now_ms=self.now, stopping_end=self.stopping_end)
         if found is None or found[0] > self.now + self.policy.preempt_grace_ms:
+            self._stopping_no_help.add(request.shape())
             return False
         at, gpus = found
         self._reserve(request, (g.uuid for g in gpus), HARD)
@@ -325,6 +351,9 @@ class _Planner:
 
     def _estimate(self) -> None:
         """Earliest start of each job blocked on capacity, if nothing else went first."""
+        if not self._capacity_blocked:
+            return
+        timeline = Timeline(self.fleet, now_ms=self.now, stopping_end=self.stopping_end)
         cache: dict[tuple, float | None] = {}
         estimates = self.result.estimated_start_ms
         for request in self._capacity_blocked:
@@ -332,10 +361,7 @@ class _Planner:
                 continue
             shape = request.shape()
             if shape not in cache:
-                found = earliest_start(
-                    self.fleet, request, now_ms=self.now, stopping_end=self.stopping_end, skip_reserved=False
-                )
-                cache[shape] = found[0] if found else None
+                cache[shape] = timeline.earliest(request)
             at = cache[shape]
             if at is not None and request.job_id in self._behind_head and self.head_start is not None:
                 at = max(at, self.head_start)

@@ -83,3 +83,82 @@ def _slice_free_at(gpu: GpuSlot, request: Request, now_ms: int, idle_at, ends_at
         if free >= request.share_milli and free_memory >= need_memory:
             return at
     return idle_at(gpu)
+
+
+class Timeline:
+    """Earliest starts for many requests at once (the estimates shown to users).
+
+    Built once from the fleet after a pass's placements: each GPU's time to be
+    idle is computed once, and each node's idle times per model are sorted once,
+    so an estimate costs one look per node (dedicated) or per GPU (slices).
+    Reservations are ignored: an estimate is the earliest the capacity exists.
+    """
+
+    def __init__(self, fleet: Fleet, *, now_ms: int, stopping_end: dict[int, float]):
+        self.fleet = fleet
+        self.now = now_ms
+        self.stopping_end = stopping_end
+        # model -> [(node, sorted idle times of its GPUs open to dedicated use, their smallest memory)]
+        self.nodes_by_model: dict[str, list[tuple[object, list[float], int]]] = {}
+        self.slices_by_model: dict[str, list[GpuSlot]] = {}
+        self.idle: dict[str, float] = {}
+        for node in fleet.nodes.values():
+            if not node.schedulable:
+                continue
+            per_model: dict[str, list[tuple[float, int]]] = {}
+            for gpu in node.gpus:
+                if not gpu.healthy:
+                    continue
+                at = self._idle_at(gpu)
+                self.idle[gpu.uuid] = at
+                if gpu.reservation != SHARED_ONLY:
+                    per_model.setdefault(gpu.model, []).append((at, gpu.memory_mb))
+                if gpu.reservation != DEDICATED_ONLY:
+                    self.slices_by_model.setdefault(gpu.model, []).append(gpu)
+            for model, times in per_model.items():
+                times.sort()
+                self.nodes_by_model.setdefault(model, []).append(
+                    (node, [t for t, _ in times], min(m for _, m in times))
+                )
+
+    def _ends(self, end: float, job_id: int) -> float:
+        stop = self.stopping_end.get(job_id)
+        return stop if stop is not None else max(end, self.now + 1)
+
+    def _idle_at(self, gpu: GpuSlot) -> float:
+        if gpu.idle:
+            return self.now
+        if not gpu.holders:
+            return NEVER
+        return max(self._ends(end, job) for end, _, job in gpu.holders)
+
+    def earliest(self, request: Request) -> float | None:
+        best = NEVER
+        for model in self.fleet.models_for(request):
+            if request.shared:
+                for gpu in self.slices_by_model.get(model, ()):
+                    if gpu.memory_mb < slice_memory(gpu, request):
+                        continue
+                    at = _slice_free_at(gpu, request, self.now, lambda g: self.idle[g.uuid], self._ends)
+                    if at < best:
+                        best = at
+                        if at <= self.now:
+                            return at
+                continue
+            for node, times, memory in self.nodes_by_model.get(model, ()):
+                if len(times) < request.count or (node.cpu_milli and node.cpu_milli < request.cpu_milli):
+                    continue
+                if memory < request.gpu_memory_mb:
+                    fits = [t for t, g in zip(times, self._node_gpus(node, model), strict=True)
+                            if g.memory_mb >= request.gpu_memory_mb]
+                    if len(fits) < request.count:
+                        continue
+                    at = fits[request.count - 1]
+                else:
+                    at = times[request.count - 1]
+                best = min(best, at)
+        return None if best == NEVER else best
+
+    def _node_gpus(self, node, model: str) -> list[GpuSlot]:
+        gpus = [g for g in node.gpus if g.healthy and g.model == model and g.reservation != SHARED_ONLY]
+        return sorted(gpus, key=lambda g: self.idle[g.uuid])

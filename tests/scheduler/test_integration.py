@@ -170,7 +170,6 @@ def test_preemption_with_grace_requeue_and_billing(platform, agent_factory):
 
 
 def test_fair_share_between_weights_1_and_3(platform, agent_factory):
-    agent_factory("node-1", gpus="sim:8xL4-24GB")
     scheduler_settings_update(actor=None, fair_share_half_life_s=20)
     light, heavy = TenantFactory(slug="light"), TenantFactory(slug="heavy")
     tenant_weight_set(actor=None, tenant=light, weight=1)
@@ -180,6 +179,7 @@ def test_fair_share_between_weights_1_and_3(platform, agent_factory):
     for _ in range(30):
         for tenant in (light, heavy):
             ids[tenant].append(submit(platform, sessions[tenant], command=sleeper(1.5)))
+    agent_factory("node-1", gpus="sim:8xL4-24GB")  # the backlog is there before the GPUs are
     # Measure while both tenants still have work queued: until the heavy tenant's last job starts.
     last_heavy = wait_state(ids[heavy][-1], JobState.RUNNING, JobState.SUCCEEDED, timeout=120)
     cut = last_heavy.started_at
