@@ -114,6 +114,10 @@ class QuotaBar:
         return min(100, int(self.used / self.limit * 100)) if self.limit else None
 
 
+def _decimal(value) -> Decimal | None:
+    return Decimal(value) if value not in (None, "") else None
+
+
 def quota_bars(*, tenant: Tenant, held: list[HeldGpus], status: quotas.BudgetStatus | None = None) -> list[QuotaBar]:
     """Capacity in use now and GPU-hours this month, against the tenant's limits."""
     status = status or quotas.budget_status(tenant)
@@ -122,9 +126,9 @@ def quota_bars(*, tenant: Tenant, held: list[HeldGpus], status: quotas.BudgetSta
     shared = Decimal(sum(h.gpu_milli for h in held if h.mode == JobMode.SHARED)) / MILLI_PER_GPU
     max_shared = Decimal(limits.max_shared_milli) / MILLI_PER_GPU if limits.max_shared_milli else None
     return [
-        QuotaBar("Dedicated GPUs now", dedicated, limits.max_dedicated_gpus, "GPUs"),
+        QuotaBar("Dedicated GPUs now", dedicated, _decimal(limits.max_dedicated_gpus), "GPUs"),
         QuotaBar("Shared slices now", shared, max_shared, "GPUs"),
-        QuotaBar("GPU-hours this month", status.gpu_hours_used, limits.gpu_hours_per_month, "h"),
+        QuotaBar("GPU-hours this month", status.gpu_hours_used, _decimal(limits.gpu_hours_per_month), "h"),
     ]
 
 

@@ -23,6 +23,14 @@ def money(value, places: int | None = None) -> str:
 
 
 @register.filter
+def plain(value) -> str:
+    """A number without trailing zeros or exponent: Decimal('10.000') -> '10', 0.250 -> '0.25'."""
+    if value in (None, ""):
+        return "—"
+    return format(Decimal(value).normalize(), "f")
+
+
+@register.filter
 def duration_ms(value) -> str:
     """1h 02m, 3m 05s, 12.3s."""
     if value in (None, ""):

@@ -1,0 +1,111 @@
+"""What the dashboard and the usage page compute: spend against budget, quotas,
+usage by day/model/job; the job page's live parts stop when the job ends."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django_scopes import scopes_disabled
+
+from accounts.services import quota_set
+from scheduler.models import Job, JobState
+from tests.portal.conftest import job_make, job_ran
+
+pytestmark = pytest.mark.django_db
+
+
+def test_dashboard_shows_spend_against_budget_and_quota_bars(client_for, tenant, node):
+    owner = client_for(tenant)
+    job_ran(job_make(tenant, user=owner.user), node, windows=4, amount="2.5")  # $10 this month
+    quota_set(
+        tenant=tenant, actor=None, monthly_spend_limit=Decimal("12"), budget_alert_percent=80, max_dedicated_gpus=4
+    )
+    held = job_make(tenant, user=owner.user, name="holding")
+    with scopes_disabled():
+        from scheduler.models import Allocation
+
+        gpu = node.gpus.get(index=1)
+        Allocation.objects.create(tenant=tenant, job=held, gpu=gpu, share_milli=1000)
+        Job.objects.filter(pk=held.pk).update(state=JobState.RUNNING, node=node)
+    page = owner.get(reverse("portal:dashboard")).content.decode()
+    assert "$10.00" in page and "of a $12.00 budget" in page
+    assert 'aria-valuenow="83"' in page  # 10 of 12 used
+    assert "Spend has passed this month&#x27;s alert threshold." in page
+    assert "1 GPU L4-24GB · dedicated · 1 job" in page
+    assert "1 / 4" in page  # dedicated GPUs held against the quota
+    live = owner.get(reverse("portal:dashboard_live")).content.decode()
+    assert f'data-job="{held.pk}"' in live and "badge-running" in live
+
+
+def test_dashboard_says_when_the_budget_is_used_up(client_for, tenant, node):
+    owner = client_for(tenant)
+    job_ran(job_make(tenant, user=owner.user), node, windows=2, amount="5")
+    quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("10"))
+    page = owner.get(reverse("portal:dashboard")).content.decode()
+    assert "This month&#x27;s budget is used up: new jobs are refused." in page
+
+
+def test_usage_page_sums_by_day_model_and_job(client_for, tenant, other_tenant, node):
+    owner = client_for(tenant)
+    a = job_ran(job_make(tenant, user=owner.user, name="a"), node, windows=3, window_ms=60_000, amount="0.1")
+    b = job_ran(job_make(tenant, user=owner.user, name="b"), node, windows=2, window_ms=60_000, amount="0.25")
+    job_ran(job_make(other_tenant, name="theirs"), node, windows=5, amount="9")
+    page = owner.get(reverse("portal:usage")).content.decode()
+    assert '<div class="stat" id="usage-total">$0.8000</div>' in page  # 3 x 0.10 + 2 x 0.25, theirs excluded
+    assert f'<tr data-job="{b.pk}">' in page and f'<tr data-job="{a.pk}">' in page
+    assert page.index(f'data-job="{b.pk}"') < page.index(f'data-job="{a.pk}"')  # most expensive first
+    assert "0.083" in page  # 5 GPU-minutes = 0.083 GPU-hours
+    assert "theirs" not in page and "$9" not in page
+    last_month = owner.get(reverse("portal:usage") + "?month=2001-01").content.decode()
+    assert "No usage metered in January 2001" in last_month
+    assert owner.get(reverse("portal:usage") + "?month=garbage").status_code == 200
+
+
+def test_live_part_polls_while_active_and_stops_when_ended(client_for, tenant, node):
+    owner = client_for(tenant)
+    queued = job_make(tenant, user=owner.user)
+    live = owner.get(reverse("portal:job_live", kwargs={"pk": queued.pk})).content.decode()
+    assert 'hx-trigger="every 2s"' in live and "Why pending:" in live and "Cancel job" in live
+    ended = job_ran(job_make(tenant, user=owner.user), node)
+    live = owner.get(reverse("portal:job_live", kwargs={"pk": ended.pk})).content.decode()
+    assert "hx-trigger" not in live and "Cancel job" not in live
+
+
+def test_cancel_from_the_page_with_htmx_returns_the_updated_part(client_for, tenant):
+    owner = client_for(tenant)
+    job = job_make(tenant, user=owner.user)
+    response = owner.post(reverse("portal:job_cancel", kwargs={"pk": job.pk}), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.startswith('<div id="job-live"') and 'data-state="cancelled"' in body
+    with scopes_disabled():
+        assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+def test_log_poller_stops_a_few_reads_after_the_job_ends(client_for, tenant, node):
+    owner = client_for(tenant)
+    job = job_ran(job_make(tenant, user=owner.user), node)
+    url = reverse("portal:job_log", kwargs={"pk": job.pk})
+    idle = 0
+    for _ in range(5):
+        body = owner.get(url + f"?offset=0&idle={idle}").content.decode()
+        if "data-complete" in body:
+            break
+        idle += 1
+    assert "data-complete" in body and idle == 2
+
+
+def test_number_formatting():
+    from portal.templatetags.portal import duration_ms, gpus, money, plain
+
+    assert [plain(Decimal("10.000")), plain(Decimal("0.250")), plain(4)] == ["10", "0.25", "4"]
+    assert [money(Decimal("1234.565")), money(Decimal("0.00437")), money(0), money(Decimal("-2"), 2)] == [
+        "$1,234.57",
+        "$0.0044",
+        "$0.00",
+        "-$2.00",
+    ]
+    assert [gpus(1000), gpus(3000), gpus(250), gpus(125)] == ["1 GPU", "3 GPUs", "¼ GPU", "⅛ GPU"]
+    assert [duration_ms(12_345), duration_ms(185_000), duration_ms(3_720_000)] == ["12.3s", "3m 05s", "1h 02m"]
