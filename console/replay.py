@@ -113,7 +113,25 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
         default_max_runtime_ms=conf.default_max_runtime_s * 1000,
         # as scheduler.passes does: a stopping job's GPUs are expected back after the longest grace
         preempt_grace_ms=max((c.grace_period_s for c in rules.classes), default=30) * 1000,
+        limits=limits_now(),
     )
+
+
+@scopes_disabled()
+def limits_now() -> dict[str, placement.Limits]:
+    """Tenants' concurrent caps as they are now (accounts.quotas: the tenant's quota over its plan), by slug.
+    A suspension or an exhausted budget is not replayed: it depends on that time, not on the rules."""
+    from accounts.models import Tenant
+    from accounts.quotas import limits_for
+
+    out = {}
+    for tenant in Tenant.objects.all():
+        limits = limits_for(tenant)
+        if limits.max_dedicated_gpus is not None or limits.max_shared_milli is not None:
+            out[tenant.slug] = placement.Limits(
+                dedicated_gpus=limits.max_dedicated_gpus, shared_milli=limits.max_shared_milli
+            )
+    return out
 
 
 INLINE_REPLAY_JOBS = 500  # replayed while the page waits; more goes to a Celery task the page polls

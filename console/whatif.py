@@ -64,6 +64,8 @@ class Rules:
     backfill: bool = True
     default_max_runtime_ms: int = 24 * HOUR_MS
     preempt_grace_ms: int = 30_000
+    # Tenants' concurrent caps (dedicated GPUs, shared thousandths), as they are now.
+    limits: dict[str, placement.Limits] = field(default_factory=dict)
 
     def class_of(self, job: HistoryJob) -> str:
         return job.priority
@@ -166,6 +168,7 @@ def policy_for(rules: Rules, *, now_ms: int, usage: dict[str, float]) -> placeme
         backfill=rules.backfill,
         default_max_runtime_ms=rules.default_max_runtime_ms,
         preempt_grace_ms=rules.preempt_grace_ms,
+        limits=dict(rules.limits),
     )
 
 

@@ -260,3 +260,21 @@ def test_a_window_too_large_to_replay_is_refused_with_the_limit(staff_client, ru
     assert response.context["problems"] == [
         "the window holds 3 submissions and a preview replays at most 2: choose a shorter window"
     ]
+
+
+def test_the_replay_applies_tenant_caps_as_they_are_now(db, rules, operator):
+    from accounts.services import quota_set
+
+    node_with_gpus("solo", ("H100-80GB", "H100-80GB"))
+    tenants = {"alpha": TenantFactory(slug="alpha"), "bravo": TenantFactory(slug="bravo")}
+    PriorityClass.objects.get(name="standard").may_preempt.clear()
+    burst = [Submission(0, "alpha", "standard", 30), Submission(0, "alpha", "standard", 30)]
+    run_real_scheduler(burst, start=T0, tenants=tenants)  # recorded with no cap: both ran at once
+    current = replay.ruleset_current()
+    free = replay.preview(proposed=current, hours=1, end=T0 + timedelta(hours=1))
+    assert sorted(o.wait_ms for o in free.after.outcomes.values()) == [0, 0]
+
+    quota_set(tenant=tenants["alpha"], actor=operator, max_dedicated_gpus=1)
+    assert replay.limits_now()["alpha"].dedicated_gpus == 1
+    capped = replay.preview(proposed=current, hours=1, end=T0 + timedelta(hours=1))
+    assert sorted(o.wait_ms for o in capped.after.outcomes.values()) == [0, 30 * MIN]
