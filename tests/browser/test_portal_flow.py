@@ -48,6 +48,8 @@ def sign_up(page, *, organisation: str, slug: str, email: str) -> None:
 def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_factory, page_for, screenshot):
     agent_factory("node-1")
     page = page_for(None)
+    page.goto("/accounts/login/")
+    screenshot(page, "00-login")
     page.goto("/accounts/signup/")
     screenshot(page, "00-signup")
     sign_up(page, organisation="Acme", slug="acme", email="eng@acme.test")
