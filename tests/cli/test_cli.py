@@ -20,6 +20,12 @@ from tests.factories import TenantFactory, platform_rules_seed, token_for, wait_
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _generous_rate_limit(settings):
+    """The CLI polls every 0.3 s here (2 s by default): keep the per-token limit out of the way."""
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"token": "100000/min"}}
+
+
 def run_cli(url: str, token: str, *args: str, timeout: float = 120, env_extra=None, tmp_path=None):
     env = {
         "PATH": "/usr/bin:/bin",
