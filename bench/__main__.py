@@ -90,12 +90,39 @@ def machine() -> dict:
     return info
 
 
+def report_markdown(folder: Path) -> str:
+    """The stored results (bench/results/*.json) as Markdown tables, for docs/benchmarks.md."""
+    fields = set(Row.__dataclass_fields__)
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        if path.stem == "chaos":
+            out.append("### chaos\n\n| case | result | figures |\n|---|---|---|")
+            for case in data:
+                figures = ", ".join(f"{k}={v}" for k, v in case["figures"].items())
+                out.append(f"| {case['name']} | {'PASS' if case['passed'] else 'FAIL'} | {figures} |")
+            out.append("")
+            continue
+        rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in data.get("rows", [])]
+        load = data.get("load_average_before")
+        load_text = f", load average {load[0]:.1f} before" if load else ""
+        out.append(f"### {data['name']} ({'quick' if data.get('quick') else 'full'} run at {data.get('at')}, "
+                   f"{data.get('seconds', 0):.0f} s{load_text})\n")
+        out.append(table_markdown(rows))
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (development)")
     parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), help="run only this benchmark")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    parser.add_argument("--report", action="store_true", help="print the stored results as Markdown; run nothing")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report_markdown(RESULTS))
+        return 0
     names = args.only or list(BENCHMARKS)
     RESULTS.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
