@@ -1,0 +1,211 @@
+"""Tenants: creation and sign-up, quotas, suspension, and the budget enforcement beat runs."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django_scopes import scopes_disabled
+
+from .. import quotas
+from ..models import AuditLog, Membership, Role, RunningJobsPolicy, Tenant, TenantQuota
+from .common import AccountsError, audit_record
+
+
+@transaction.atomic
+def tenant_create(*, slug: str, name: str = "", owner_email: str, owner_password: str | None) -> Tenant:
+    """Create a tenant and its owner (or make an existing user its owner)."""
+    user_model = get_user_model()
+    tenant = Tenant.objects.create(slug=slug, name=name or slug, billing_email=owner_email)
+    user, created = user_model.objects.get_or_create(username=owner_email, defaults={"email": owner_email})
+    if created or owner_password:
+        if owner_password:
+            user.set_password(owner_password)
+        else:
+            user.set_unusable_password()
+        user.save()
+    with scopes_disabled():
+        Membership.objects.create(tenant=tenant, user=user, role=Role.OWNER)
+    audit_record(actor=user, tenant=tenant, action="tenant.create", target=slug, after={"owner": owner_email})
+    return tenant
+
+
+@transaction.atomic
+def signup_create(*, organisation: str, slug: str, email: str, password: str):
+    """Self-service sign-up: a NEW user and a new tenant it owns. Never touches an existing
+    account (an email or slug taken meanwhile raises IntegrityError and nothing is written)."""
+    user = get_user_model().objects.create_user(username=email, email=email, password=password)
+    tenant = Tenant.objects.create(slug=slug, name=organisation or slug, billing_email=email)
+    with scopes_disabled():
+        Membership.objects.create(tenant=tenant, user=user, role=Role.OWNER)
+    audit_record(
+        actor=user, tenant=tenant, action="tenant.create", target=slug, after={"owner": email, "via": "signup"}
+    )
+    return tenant, user
+
+
+QUOTA_FIELDS = (
+    "max_dedicated_gpus",
+    "max_shared_milli",
+    "max_gpus_per_job",
+    "max_open_jobs",
+    "gpu_hours_per_month",
+    "monthly_spend_limit",
+    "budget_alert_percent",
+    "on_budget_exhausted",
+    "on_suspended",
+)
+
+
+def _quota_snapshot(quota: TenantQuota) -> dict:
+    out = {name: getattr(quota, name) for name in QUOTA_FIELDS}
+    out = {k: (str(v) if v is not None and not isinstance(v, int | str) else v) for k, v in out.items()}
+    out["plan"] = quota.plan.name if quota.plan_id else None
+    return out
+
+
+@transaction.atomic
+def quota_set(*, tenant: Tenant, actor, plan=..., **limits) -> TenantQuota:
+    """The operator sets a tenant's plan and/or limit overrides (None: back to the plan's value)."""
+    unknown = sorted(set(limits) - set(QUOTA_FIELDS))
+    if unknown:
+        raise AccountsError(f"unknown quota field(s) {', '.join(unknown)}; known: {', '.join(QUOTA_FIELDS)}")
+    for name in ("on_budget_exhausted", "on_suspended"):
+        if limits.get(name) not in (None, "", *RunningJobsPolicy.values):
+            raise AccountsError(f"{name} is one of {', '.join(RunningJobsPolicy.values)}")
+    if limits.get("budget_alert_percent") is not None and not 1 <= limits["budget_alert_percent"] <= 100:
+        raise AccountsError("budget_alert_percent is between 1 and 100")
+    Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    with scopes_disabled():
+        quota, _ = TenantQuota.objects.select_for_update().get_or_create(tenant=tenant)
+        before = _quota_snapshot(quota)
+        for name, value in limits.items():
+            setattr(quota, name, value if value is not None else ("" if name.startswith("on_") else None))
+        if plan is not ...:
+            quota.plan = plan
+        try:
+            quota.full_clean(exclude=["tenant"])
+        except ValidationError as exc:
+            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            raise AccountsError(f"invalid quota: {problems}") from exc
+        quota.save()
+    audit_record(
+        actor=actor, tenant=tenant, action="quota.set", target=tenant.slug, before=before, after=_quota_snapshot(quota)
+    )
+    return quota
+
+
+def _running_jobs_stop(*, tenant: Tenant, reason: str) -> int:
+    from scheduler.models import ACTIVE_STATES, Job
+    from scheduler.services import job_cancel
+
+    stopped = 0
+    for job in Job.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).exclude(stop_requested="cancel"):
+        job_cancel(job=job, actor=None, reason=reason)
+        stopped += 1
+    return stopped
+
+
+@transaction.atomic
+def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
+    """Suspend: no new jobs, queued jobs wait, running jobs stop or finish per ``on_suspended``.
+    The tenant can still sign in, read its data and pay."""
+    if not reason.strip():
+        raise AccountsError("a suspension needs a reason")
+    with scopes_disabled():
+        tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        if tenant.state == Tenant.State.SUSPENDED:
+            return tenant
+        tenant.state = Tenant.State.SUSPENDED
+        tenant.save(update_fields=["state"])
+        policy = quotas.limits_for(tenant).on_suspended
+        stopped = 0
+        if policy == RunningJobsPolicy.STOP:
+            stopped = _running_jobs_stop(tenant=tenant, reason=f"tenant suspended: {reason}")
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="tenant.suspend",
+        target=tenant.slug,
+        before={"state": Tenant.State.ACTIVE},
+        after={"state": Tenant.State.SUSPENDED, "reason": reason, "running_jobs": policy, "stopped": stopped},
+    )
+    return tenant
+
+
+@transaction.atomic
+def tenant_reinstate(*, tenant: Tenant, actor, reason: str = "") -> Tenant:
+    with scopes_disabled():
+        tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+        if tenant.state == Tenant.State.ACTIVE:
+            return tenant
+        before = tenant.state
+        tenant.state = Tenant.State.ACTIVE
+        tenant.save(update_fields=["state"])
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="tenant.reinstate",
+        target=tenant.slug,
+        before={"state": before},
+        after={"state": Tenant.State.ACTIVE, "reason": reason},
+    )
+    from scheduler.services import schedule_soon
+
+    schedule_soon()
+    return tenant
+
+
+def budgets_enforce(*, now=None) -> dict:
+    """Platform-wide, safe to run twice: alert once a month at the threshold, and stop
+    running jobs of tenants whose month budget is exhausted when the setting says stop.
+    Only tenants with a GPU-hour or spend limit are looked at; each in its own transaction."""
+    with scopes_disabled():
+        budgeted = quotas.budgeted_tenants()
+        with transaction.atomic():
+            quotas.month_usage_advance(list(budgeted), now=now)
+        usages = quotas.month_usages(list(budgeted), now=now) if budgeted else {}
+        result = {"alerted": 0, "stopped": 0}
+        for tenant in Tenant.objects.filter(pk__in=list(budgeted)):
+            alerted, stopped = _budget_enforce_one(
+                tenant=tenant, usage=usages.get(tenant.pk, quotas.MonthUsage()), now=now
+            )
+            result["alerted"] += alerted
+            result["stopped"] += stopped
+    return result
+
+
+@transaction.atomic
+def _budget_enforce_one(*, tenant: Tenant, usage: quotas.MonthUsage, now=None) -> tuple[int, int]:
+    from django.core.mail import send_mail
+
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    limits = quotas.limits_for(tenant)
+    alerted = stopped = 0
+    since = quotas.month_start(now)
+    if (
+        quotas.alert_due(limits, usage)
+        and not AuditLog.objects.filter(tenant=tenant, action="budget.alert", created_at__gte=since).exists()
+    ):
+        status = {"gpu_ms": usage.gpu_ms, "spend": str(usage.spend), "alert_percent": limits.budget_alert_percent}
+        audit_record(actor=None, tenant=tenant, action="budget.alert", target=tenant.slug, after=status)
+        if tenant.billing_email:
+            transaction.on_commit(
+                lambda: send_mail(
+                    f"gpushare: {tenant.name} reached {limits.budget_alert_percent}% of its monthly budget",
+                    f"This month so far: {usage.gpu_ms / quotas.MS_PER_HOUR:.3f} GPU-hours, spend {usage.spend:.2f}.\n"
+                    f"Limits: {limits.gpu_hours_per_month or 'none'} GPU-hours, "
+                    f"{limits.monthly_spend_limit or 'no'} spend limit.\n",
+                    None,
+                    [tenant.billing_email],
+                )
+            )
+        alerted = 1
+    refusal = quotas.budget_refusal(limits, usage)
+    if refusal is not None and limits.on_budget_exhausted == RunningJobsPolicy.STOP:
+        stopped = _running_jobs_stop(tenant=tenant, reason=f"stopped: {refusal.message.split(';')[0]}")
+        if stopped:
+            audit_record(
+                actor=None, tenant=tenant, action="budget.stop_jobs", target=tenant.slug, after={"stopped": stopped}
+            )
+    return alerted, stopped
