@@ -25,9 +25,7 @@ class Command(BaseCommand):
         if expires is not None and expires <= 0:
             raise CommandError("--expires takes a positive number of days")
         try:
-            issued = token_create(
-                tenant=found_tenant, user=found_user, name=name, scopes=scopes, expires_days=expires
-            )
+            issued = token_create(tenant=found_tenant, user=found_user, name=name, scopes=scopes, expires_days=expires)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"token {issued.token.prefix}… for {user} @ {tenant}, scopes {' '.join(scopes)}")
