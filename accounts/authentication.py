@@ -37,9 +37,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
         with scopes_disabled():
-            token = (
-                ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(parts[1])).first()
-            )
+            token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(parts[1])).first()
             if token is None:
                 raise exceptions.AuthenticationFailed("Unknown API token.")
             if token.revoked_at is not None:

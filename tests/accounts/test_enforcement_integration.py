@@ -25,8 +25,9 @@ def _running(platform, session) -> dict:
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
     return wait_for(
-        lambda: (b := session.get(f"{platform.url}/api/v1/jobs/{job_id}/", timeout=30).json())["state"] == "running"
-        and b,
+        lambda: (
+            (b := session.get(f"{platform.url}/api/v1/jobs/{job_id}/", timeout=30).json())["state"] == "running" and b
+        ),
         timeout=60,
         what="the job to run",
     )
@@ -34,9 +35,11 @@ def _running(platform, session) -> dict:
 
 def _ended(platform, session, job_id: int) -> dict:
     return wait_for(
-        lambda: (b := session.get(f"{platform.url}/api/v1/jobs/{job_id}/", timeout=30).json())["state"]
-        in ("cancelled", "failed", "succeeded")
-        and b,
+        lambda: (
+            (b := session.get(f"{platform.url}/api/v1/jobs/{job_id}/", timeout=30).json())["state"]
+            in ("cancelled", "failed", "succeeded")
+            and b
+        ),
         timeout=60,
         what="the job to end",
     )

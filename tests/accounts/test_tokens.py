@@ -32,7 +32,7 @@ def database_text() -> str:
         tables = [row[0] for row in cursor.fetchall()]
         chunks = []
         for table in tables:
-            cursor.execute(f'SELECT coalesce(string_agg(row_to_json(t)::text, E\'\\n\'), \'\') FROM "{table}" t')
+            cursor.execute(f"SELECT coalesce(string_agg(row_to_json(t)::text, E'\\n'), '') FROM \"{table}\" t")
             chunks.append(cursor.fetchone()[0])
     return "\n".join(chunks)
 
