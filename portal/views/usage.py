@@ -74,6 +74,8 @@ def usage(request):
                 "labels": [row["date"].isoformat() for row in by_day],
                 "cost": [str(row["amount"]) for row in by_day],
                 "gpu_hours": [round(row["gpu_ms"] / 3_600_000, 4) for row in by_day],
+                "models": [f"{row['gpu_model']} {row['mode']}" for row in by_model],
+                "model_cost": [str(row["amount"]) for row in by_model],
             },
             "spend": selectors.month_spend(tenant=tenant),
             "invoices": invoices,

@@ -124,8 +124,18 @@
     });
   }
 
+  function modelChart(canvas) {
+    var data = JSON.parse(document.getElementById(canvas.getAttribute("data-model-chart")).textContent);
+    new window.Chart(canvas, {
+      type: "doughnut",
+      data: { labels: data.models, datasets: [{ data: data.model_cost.map(Number), backgroundColor: [palette.sm, palette.mem, palette.cost, palette.power, "#5a3d99", "#00717a"] }] },
+      options: { animation: false, responsive: true, maintainAspectRatio: false, plugins: { legend: { position: "right" } } }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     if (!window.Chart) return;
+    document.querySelectorAll("[data-model-chart]").forEach(modelChart);
     document.querySelectorAll("[data-job-metrics]").forEach(jobCharts);
     document.querySelectorAll("[data-usage-chart]").forEach(usageChart);
   });

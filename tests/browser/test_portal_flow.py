@@ -139,6 +139,9 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     assert money(job.cost, 4) in row.inner_text()
     assert page.locator("#usage-total").inner_text().strip() == money(job.cost, 4)
     page.wait_for_function("document.querySelector('canvas[data-usage-chart]').width > 0")
+    assert page.evaluate("Chart.getChart(document.querySelector('canvas[data-model-chart]')).data.labels") == [
+        f"{job.node.gpus.get(uuid=gpu_uuid).model} dedicated"
+    ]
     screenshot(page, "06-usage")
 
     page.goto("/jobs/")
