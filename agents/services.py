@@ -56,7 +56,7 @@ def node_authenticate(*, name: str, token: str) -> Node:
 @transaction.atomic
 def node_register(*, node: Node, info: dict) -> Node:
     """Record the node's GPUs and versions, reconcile what it still runs."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     node.agent_version = str(info.get("agent_version", ""))[:32]
     node.driver_version = str(info.get("driver_version", ""))[:32]
     node.cuda_version = str(info.get("cuda_version", ""))[:32]
@@ -106,7 +106,7 @@ def node_down_check() -> list[str]:
     stale = Node.objects.exclude(state__in=[Node.State.DOWN, Node.State.PENDING]).filter(last_heartbeat_at__lt=cutoff)
     for node in stale:
         with transaction.atomic():
-            locked = Node.objects.select_for_update().get(pk=node.pk)
+            locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
             if locked.last_heartbeat_at >= cutoff or locked.state == Node.State.DOWN:
                 continue
             reason = f"node {node.name} missed {conf['MISSED_HEARTBEATS_DOWN']} heartbeats"
@@ -145,7 +145,7 @@ def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None =
     reason. A hardware event takes the GPU out of service, opens a GpuOutage
     and alerts the operator (error log + audit entry).
     """
-    gpu = Gpu.objects.select_for_update().filter(node=node, uuid=uuid).first()
+    gpu = Gpu.objects.select_for_update(no_key=True).filter(node=node, uuid=uuid).first()
     if gpu is None:
         log.warning("node %s reported a health event for GPU %s it does not have; ignored", node.name, uuid)
         return None
@@ -175,7 +175,7 @@ def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None =
 @transaction.atomic
 def gpu_return_to_service(*, gpu: Gpu, actor=None, note: str = "") -> Gpu:
     """The operator checked (or replaced) the GPU: back in the pool, its outage closed."""
-    gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu.pk)
+    gpu = Gpu.objects.select_for_update(no_key=True).select_related("node").get(pk=gpu.pk)
     before = {"health": gpu.health, "reason": gpu.health_reason}
     gpu.health = Gpu.Health.OK
     gpu.health_reason = ""
@@ -212,7 +212,7 @@ def _active_jobs(node: Node) -> int:
 @transaction.atomic
 def node_cordon(*, node: Node, actor=None, reason: str = "") -> Node:
     """No new jobs on ``node``; what runs there keeps running."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state not in (Node.State.UP, Node.State.DRAINING, Node.State.CORDONED):
         raise NodeStateError(f"node {node.name} is {node.state}: only an up or draining node can be cordoned")
     return _node_state_set(node, to=Node.State.CORDONED, actor=actor, action="node.cordon",
@@ -222,7 +222,7 @@ def node_cordon(*, node: Node, actor=None, reason: str = "") -> Node:
 @transaction.atomic
 def node_drain(*, node: Node, actor=None, reason: str = "") -> Node:
     """No new jobs on ``node``; it becomes cordoned once its last job ends."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state not in (Node.State.UP, Node.State.DRAINING):
         raise NodeStateError(f"node {node.name} is {node.state}: only an up node can be drained")
     node = _node_state_set(node, to=Node.State.DRAINING, actor=actor, action="node.drain",
@@ -236,7 +236,7 @@ def node_drain(*, node: Node, actor=None, reason: str = "") -> Node:
 @transaction.atomic
 def node_uncordon(*, node: Node, actor=None) -> Node:
     """Back in the pool."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state not in (Node.State.CORDONED, Node.State.DRAINING, Node.State.UP):
         raise NodeStateError(f"node {node.name} is {node.state}: only a cordoned or draining node can be uncordoned")
     node = _node_state_set(node, to=Node.State.UP, actor=actor, action="node.uncordon", reason="")
@@ -249,7 +249,7 @@ def node_drains_settle() -> list[str]:
     settled = []
     for node in Node.objects.filter(state=Node.State.DRAINING):
         with transaction.atomic():
-            locked = Node.objects.select_for_update().get(pk=node.pk)
+            locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
             if locked.state == Node.State.DRAINING and _active_jobs(locked) == 0:
                 _node_state_set(locked, to=Node.State.CORDONED, actor=None, action="node.drained",
                                 reason="drained: no jobs left")

@@ -45,6 +45,8 @@ class Agent:
         self.meters: dict[int, JobMeter] = {}
         self.energy_prev: dict[str, int] = {}
         self.stopping = False
+        self.was_connected = False
+        self.deferred: dict[int, LaunchSpec] = {}  # job id -> newer attempt waiting for the old one to end
         self.next_reconnect = 0.0
         self.next_heartbeat = 0.0
         self.last_metrics: dict[str, dict] = {}
@@ -158,6 +160,12 @@ class Agent:
         try:
             self.link.connect()
             log.info("connected to the broker; %d message(s) waiting in the outbox", self.spool.pending())
+            if self.was_connected:
+                # After an outage the platform may have marked the node down and its
+                # jobs lost: registering again brings it back and lets it reconcile
+                # (a job it gave to another node is stopped here).
+                self.report("agents.register", {"info": self.registration()})
+            self.was_connected = True
             return True
         except Exception as exc:  # noqa: BLE001
             log.warning("broker unreachable (%s); spooling locally", exc)
@@ -214,7 +222,12 @@ class Agent:
         if current is not None:
             if current.spec.attempt == spec.attempt:
                 return  # a redelivered launch: already running
+            # The platform gave up on the old attempt: stop it, start the new one once it is gone
+            # (and off its GPUs), so one job never runs twice here.
             current.request_stop(reason="superseded by a newer attempt", grace_s=spec.grace_s)
+            self.deferred[spec.job_id] = spec
+            log.info("job %s attempt %s waits for attempt %s to end", spec.job_id, spec.attempt, current.spec.attempt)
+            return
         unknown = [u for u in spec.gpu_uuids if u not in self.gpus]
         if unknown:
             self._launch_refused(spec, f"node has no GPU {', '.join(unknown)}")
@@ -331,7 +344,10 @@ class Agent:
         del self.jobs[spec.job_id]
         if hasattr(self.backend, "job_ended"):
             self.backend.job_ended(spec)
+
         log.info("job %s attempt %s ended: exit %s %s", spec.job_id, spec.attempt, job.exit_code, reason)
+        if (newer := self.deferred.pop(spec.job_id, None)) is not None and not self.stopping:
+            self.job_launch(newer)
 
     def ship_logs(self, job: RunningJob, *, everything: bool = False) -> None:
         try:

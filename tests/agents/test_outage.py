@@ -55,12 +55,22 @@ def _windows(job_id: int) -> list[UsageWindow]:
         return list(UsageWindow.objects.filter(job_id=job_id).order_by("attempt", "seq"))
 
 
+def _beat() -> None:
+    """What celery beat does every few seconds in production (tests run no beat): a scheduling pass.
+    A pass skips a job whose row another transaction holds (here: the replayed windows' ingest)."""
+    from scheduler.services import schedule_pass
+
+    schedule_pass()
+
+
 def _job(job_id: int) -> Job:
     with scopes_disabled():
         return Job.objects.get(pk=job_id)
 
 
-def test_windows_spool_during_an_outage_and_arrive_exactly_once(platform, agent_factory, redis_proxy, node):
+def test_windows_spool_during_an_outage_and_arrive_exactly_once(
+    platform, agent_factory, redis_proxy, node, celery_worker_process
+):
     agent = agent_factory(node, extra=["--broker", redis_proxy.url(_redis_db())])
     session = platform.session_for(TenantFactory(slug="acme"))
     job_id = _submit(platform, session, 14)
@@ -81,9 +91,41 @@ def test_windows_spool_during_an_outage_and_arrive_exactly_once(platform, agent_
     wait_for(lambda: _outbox(agent) == 0, timeout=30, what="the outbox to drain")
     windows = _windows(job_id)
     assert len(windows) > stored_during
-    assert [w.seq for w in windows] == list(range(len(windows)))  # none lost, none twice
+    assert [w.seq for w in windows] == list(range(len(windows))), (  # none lost, none twice
+        agent.log()[-3000:] + celery_worker_process.log_path.read_text()[-6000:]
+    )
     assert all(a.end_ms == b.start_ms for a, b in zip(windows, windows[1:], strict=False))
     held_ms = sum(w.end_ms - w.start_ms for w in windows)
     assert held_ms == round((job.finished_at - job.started_at).total_seconds() * 1000)
     assert held_ms >= 14_000
     assert job.gpu_ms == held_ms
+
+
+def test_an_outage_long_enough_to_down_the_node_ends_with_one_copy_of_the_job(
+    platform, agent_factory, redis_proxy, node, settings
+):
+    """The platform gave up on the node and requeued its job; when the link returns the agent registers
+    again, the platform reconciles, and the old copy is stopped: the job never runs twice."""
+    from agents import services
+    from agents.models import Node
+
+    settings.GPUSHARE = {**settings.GPUSHARE, "HEARTBEAT_INTERVAL_S": 1, "MISSED_HEARTBEATS_DOWN": 3}
+    agent = agent_factory(node, gpus="sim:1xH100-80GB", extra=["--broker", redis_proxy.url(_redis_db())])
+    session = platform.session_for(TenantFactory(slug="acme"))
+    job_id = _submit(platform, session, 120)
+    wait_for(lambda: _job(job_id).state == JobState.RUNNING, timeout=45, what="the job to run")
+
+    redis_proxy.cut()
+    assert wait_for(lambda: services.node_down_check(), timeout=30, what="the node marked down") == [node]
+    assert _job(job_id).state == JobState.QUEUED  # lost, requeued; nowhere to run meanwhile
+    redis_proxy.restore()
+
+    wait_for(lambda: Node.objects.get(name=node).state == Node.State.UP, timeout=45, what="the node back up")
+    # Attempt 1 (still running through the outage) is stopped; the requeued job runs as attempt 2.
+    wait_for(lambda: "job " + str(job_id) + " attempt 1 ended" in agent.log(), timeout=45, what="attempt 1 stopped")
+    job = wait_for(
+        lambda: _beat() or ((j := _job(job_id)).state == JobState.RUNNING and j.attempt == 2 and j), timeout=60,
+        interval=1, what="attempt 2 running",
+    )
+    assert job.node.name == node
+    assert agent.log().count(f"job {job_id} attempt 2 started") == 1

@@ -101,3 +101,19 @@ def test_a_flooding_job_is_capped_and_the_log_says_so(agent_factory, node):
     assert b"log capped at 1048576 bytes" in data
     assert b"done" not in data
     assert "log output was capped" in agent.log()
+
+
+def test_a_newer_attempt_waits_for_the_old_one_to_end(agent_factory, node):
+    agent = agent_factory(node)
+    hold = [sys.executable, "-c", STUBBORN_TREE]
+    launch_direct(agent, 8004, hold, grace_s=3)
+    wait_for(lambda: len(_pids(wait_output(agent, 8004, "GRACE="))) >= 5, timeout=45, what="attempt 1 to start")
+    old = _pids(wait_output(agent, 8004, "GRACE="))
+    launch_direct(agent, 8004, [sys.executable, "-c", "import os; os.write(1, b'PID=%d\\n' % os.getpid())"],
+                  attempt=2, grace_s=3)
+    wait_output(agent, 8004, "PID=", attempt=2, timeout=60)
+    # Attempt 2 started only once every process of attempt 1 was gone.
+    assert not any(_alive(p) for p in old)
+    log = agent.log()
+    assert log.index("job 8004 attempt 1 ended") < log.index("job 8004 attempt 2 started")
+    assert "superseded by a newer attempt" in log
