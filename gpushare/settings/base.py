@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "billing",
     "portal",
     "console",
+    "endpoints",
 ]
 
 MIDDLEWARE = [
@@ -205,6 +206,7 @@ CELERY_BEAT_SCHEDULE = {
     "accounts-budgets-enforce": {"task": "accounts.budgets_enforce", "schedule": 60.0},
     "billing-close-month": {"task": "billing.close_month", "schedule": 3600.0},
     "billing-dunning-check": {"task": "billing.dunning_check", "schedule": 3600.0},
+    "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
 }
 
 # --- gpushare -------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""REST v1: inference endpoints."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from accounts.permissions import RoleAllows
+from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
+from scheduler.services import JobError
+
+from .. import services
+from ..models import Endpoint, EndpointLoad, Replica
+from .serializers import (
+    EndpointSerializer,
+    EndpointUpdateSerializer,
+    EndpointWriteSerializer,
+    ScaleSerializer,
+    ScalingEventSerializer,
+)
+
+
+def _error(exc: Exception) -> ApiError:
+    code = getattr(exc, "code", "invalid")
+    field = getattr(exc, "field", None)
+    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}.get(code, 400)
+    return ApiError(str(exc), code=code, status_code=status_code, fields={field: [str(exc)]} if field else {})
+
+
+def _values(data: dict) -> dict:
+    """API field names -> model/service names."""
+    out = dict(data)
+    if "gpus" in out:
+        out["gpu_milli"] = out.pop("gpus")
+    if "idle_timeout_seconds" in out:
+        out["idle_timeout_s"] = out.pop("idle_timeout_seconds")
+    return out
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List the tenant's endpoints", responses={200: EndpointSerializer(many=True), **ERROR_RESPONSES}
+    ),
+    retrieve=extend_schema(
+        summary="Get an endpoint with its replicas", responses={200: EndpointSerializer, **ERROR_RESPONSES}
+    ),
+)
+class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = EndpointSerializer
+    permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]
+    required_scopes = {"GET": "jobs:read", "*": "jobs:write"}
+    required_actions = {"GET": "jobs.read", "*": "jobs.submit"}
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Endpoint.objects.none()
+        return (
+            Endpoint.objects.filter(tenant=self.tenant, state=Endpoint.State.ACTIVE)
+            .select_related("tenant")
+            .prefetch_related("replicas__job__node")
+        )
+
+    @extend_schema(
+        summary="Deploy an endpoint",
+        request=EndpointWriteSerializer,
+        responses={201: EndpointSerializer, **ERROR_RESPONSES},
+    )
+    def create(self, request):
+        data = EndpointWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = services.EndpointSpec(**_values(data.validated_data))
+        try:
+            endpoint = services.endpoint_create(tenant=self.tenant, user=request.user, spec=spec)
+        except (services.EndpointError, JobError) as exc:
+            raise _error(exc) from exc
+        return Response(
+            EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data, status=status.HTTP_201_CREATED
+        )
+
+    @extend_schema(
+        summary="Change an endpoint (a new command, image, slice or env rolls out a new version)",
+        request=EndpointUpdateSerializer,
+        responses={200: EndpointSerializer, **ERROR_RESPONSES},
+    )
+    def partial_update(self, request, pk=None):
+        endpoint = self.get_object()
+        data = EndpointUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            services.endpoint_update(endpoint=endpoint, user=request.user, changes=_values(data.validated_data))
+        except (services.EndpointError, JobError) as exc:
+            raise _error(exc) from exc
+        return Response(EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data)
+
+    @extend_schema(
+        summary="Delete an endpoint (its replicas drain and stop)",
+        request=None,
+        responses={204: None, **ERROR_RESPONSES},
+    )
+    def destroy(self, request, pk=None):
+        services.endpoint_delete(endpoint=self.get_object(), user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        summary="Set an endpoint's replica bounds",
+        request=ScaleSerializer,
+        responses={200: EndpointSerializer, **ERROR_RESPONSES},
+    )
+    @action(detail=True, methods=["post"])
+    def scale(self, request, pk=None):
+        endpoint = self.get_object()
+        data = ScaleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            services.endpoint_update(endpoint=endpoint, user=request.user, changes=dict(data.validated_data))
+        except services.EndpointError as exc:
+            raise _error(exc) from exc
+        return Response(EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data)
+
+    @extend_schema(
+        summary="Traffic, latency and scaling history of an endpoint", responses={200: dict, **ERROR_RESPONSES}
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        endpoint = self.get_object()
+        load = EndpointLoad.objects.filter(endpoint=endpoint).first()
+        events = endpoint.scaling_events.all()[:100]
+        live = endpoint.replicas.exclude(state=Replica.State.STOPPED).count()
+        return Response(
+            {
+                "replicas": live,
+                "inflight": load.inflight if load else 0,
+                "queued": load.queued if load else 0,
+                "requests_total": load.requests_total if load else 0,
+                "errors_total": load.errors_total if load else 0,
+                "latency_ms": load.latency_ms if load else {},
+                "scaling_events": ScalingEventSerializer(events, many=True).data,
+            }
+        )

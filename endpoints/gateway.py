@@ -1,0 +1,353 @@
+"""The endpoint gateway: ``python -m endpoints.gateway --port 8001``.
+
+Serves ``/e/<tenant>/<endpoint>/<path>``: checks the tenant's API token
+(scope ``endpoints:invoke``), forwards each request to the ready replica with
+the fewest requests in flight, and streams the answer back chunk by chunk
+(token streaming works). A request that finds no ready replica is held in a
+bounded queue while one starts (the autoscaler is poked at once), then
+answered 503 with ``Retry-After``. A replica that fails before sending a byte
+gets the request retried once on another replica.
+
+Why aiohttp: an async server and client in one maintained library, with
+streaming in both directions and no buffering of whole responses; the
+routing table and the traffic figures go through Django's ORM in a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from aiohttp import ClientConnectorError, ClientSession, ClientTimeout, ServerDisconnectedError, web
+
+log = logging.getLogger("gpushare.gateway")
+
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "content-length",
+}
+MAX_BODY = 10 << 20
+
+
+@dataclass
+class Traffic:
+    inflight: int = 0
+    queued: int = 0
+    requests_total: int = 0
+    errors_total: int = 0
+    last_request_at: datetime | None = None
+    window: deque = field(default_factory=deque)  # (monotonic time, concurrency)
+    latencies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (monotonic time, ms)
+    last_poke: float = 0.0
+
+    def note(self, now: float) -> None:
+        self.window.append((now, self.inflight + self.queued))
+
+    def peak(self, now: float, horizon_s: float) -> int:
+        while self.window and self.window[0][0] < now - horizon_s:
+            self.window.popleft()
+        return max((c for _, c in self.window), default=0)
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
+
+
+class Gateway:
+    def __init__(self, *, refresh_s: float = 0.5, cold_start_timeout_s: float = 60.0, max_queue: int = 100):
+        self.refresh_s = refresh_s
+        self.cold_start_timeout_s = cold_start_timeout_s
+        self.max_queue = max_queue
+        self.table: dict = {}
+        self.inflight: dict[int, int] = {}
+        self.traffic: dict[int, Traffic] = {}
+        self.session: ClientSession | None = None
+        self.changed = asyncio.Event()
+
+    # --- platform state (Django, in a thread) ---------------------------------
+
+    async def refresh(self) -> None:
+        from asgiref.sync import sync_to_async
+
+        from .selectors import routing_table
+
+        self.table = await sync_to_async(routing_table, thread_sensitive=False)()
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def health_check(self) -> None:
+        from asgiref.sync import sync_to_async
+
+        from .services import replica_ready_set
+
+        checks = []
+        for route in self.table.values():
+            for replica in route.replicas:
+                if replica.state in ("starting", "ready"):
+                    checks.append((replica, route.health_path))
+
+        async def check(replica, path):
+            try:
+                async with self.session.get(
+                    f"http://{replica.address}:{replica.port}{path}", timeout=ClientTimeout(total=1)
+                ) as resp:
+                    ok = resp.status < 500
+            except (TimeoutError, OSError, ClientConnectorError, ServerDisconnectedError):
+                ok = False
+            except Exception as exc:  # noqa: BLE001 - a broken replica must not stop the checks
+                log.debug("health check of replica %s: %s", replica.replica_id, exc)
+                ok = False
+            if ok != (replica.state == "ready"):
+                await sync_to_async(replica_ready_set, thread_sensitive=False)(replica_id=replica.replica_id, ready=ok)
+
+        await asyncio.gather(*(check(r, p) for r, p in checks))
+
+    async def report(self) -> None:
+        from asgiref.sync import sync_to_async
+
+        from .services import endpoint_load_record
+
+        now = time.monotonic()
+        for route in self.table.values():
+            t = self.traffic.setdefault(route.endpoint_id, Traffic())
+            t.note(now)
+            horizon = route.idle_timeout_s
+            recent = [ms for at, ms in t.latencies if at >= now - 60]
+            stats = {
+                "inflight": t.inflight,
+                "queued": t.queued,
+                "peak": t.peak(now, horizon),
+                "requests_total": t.requests_total,
+                "errors_total": t.errors_total,
+                "last_request_at": t.last_request_at,
+                "replica_inflight": {r.replica_id: self.inflight.get(r.replica_id, 0) for r in route.replicas},
+                "latency_ms": percentiles(recent),
+            }
+            await sync_to_async(endpoint_load_record, thread_sensitive=False)(
+                endpoint_id=route.endpoint_id, stats=stats
+            )
+
+    async def poke_autoscaler(self, endpoint_id: int) -> None:
+        from asgiref.sync import sync_to_async
+
+        from .services import endpoint_autoscale
+
+        t = self.traffic.setdefault(endpoint_id, Traffic())
+        if time.monotonic() - t.last_poke < 1.0:
+            return
+        t.last_poke = time.monotonic()
+        await self.report()
+        await sync_to_async(endpoint_autoscale, thread_sensitive=False)(endpoint_id=endpoint_id)
+
+    async def background(self, app) -> None:
+        ticks = 0
+        while True:
+            try:
+                await self.refresh()
+                await self.health_check()
+                if ticks % max(1, int(1 / self.refresh_s)) == 0:
+                    await self.report()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gateway refresh failed")
+            ticks += 1
+            await asyncio.sleep(self.refresh_s)
+
+    # --- requests --------------------------------------------------------------
+
+    async def principal(self, plaintext: str, tenant_slug: str):
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(token_check, thread_sensitive=False)(plaintext, tenant_slug)
+
+    def pick(self, route, exclude: set[int]):
+        """The ready replica with the fewest requests in flight, of the newest version that has one."""
+        ready = [r for r in route.replicas if r.state == "ready" and r.replica_id not in exclude]
+        if not ready:
+            return None
+        newest = max(r.version for r in ready)
+        ready = [r for r in ready if r.version == newest]
+        low = min(self.inflight.get(r.replica_id, 0) for r in ready)
+        return random.choice([r for r in ready if self.inflight.get(r.replica_id, 0) == low])
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        tenant, name = request.match_info["tenant"], request.match_info["endpoint"]
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            return error(401, "unauthenticated", "send 'Authorization: Bearer <token>' (scope endpoints:invoke)")
+        problem = await self.principal(auth[7:].strip(), tenant)
+        if problem is not None:
+            return error(*problem)
+        route = self.table.get((tenant, name))
+        if route is None:
+            return error(404, "not_found", "Not found.")
+        body = await request.read()
+        t = self.traffic.setdefault(route.endpoint_id, Traffic())
+        t.requests_total += 1
+        t.last_request_at = datetime.now(tz=UTC)
+        started = time.monotonic()
+        tried: set[int] = set()
+        for attempt in range(2):
+            replica = await self.wait_for_replica(route.endpoint_id, t, tried)
+            if replica is None:
+                t.errors_total += 1
+                return error(503, "unavailable", "no replica is ready yet; retry shortly", retry_after=5)
+            tried.add(replica.replica_id)
+            self.inflight[replica.replica_id] = self.inflight.get(replica.replica_id, 0) + 1
+            t.inflight += 1
+            try:
+                response = await self.forward(request, replica, body)
+                t.latencies.append((time.monotonic(), (time.monotonic() - started) * 1000))
+                return response
+            except (ClientConnectorError, ServerDisconnectedError, ConnectionResetError) as exc:
+                log.info("replica %s failed before answering (%s); attempt %d", replica.replica_id, exc, attempt + 1)
+            finally:
+                self.inflight[replica.replica_id] -= 1
+                t.inflight -= 1
+        t.errors_total += 1
+        return error(502, "bad_gateway", "the replicas failed to answer", retry_after=1)
+
+    async def wait_for_replica(self, endpoint_id: int, t: Traffic, tried: set[int]):
+        deadline = time.monotonic() + self.cold_start_timeout_s
+        queued = False
+        try:
+            while True:
+                route = next((r for r in self.table.values() if r.endpoint_id == endpoint_id), None)
+                replica = self.pick(route, tried) if route else None
+                if replica is not None or route is None:
+                    return replica
+                if not queued:
+                    if t.queued >= self.max_queue:
+                        return None
+                    t.queued += 1
+                    queued = True
+                    await self.poke_autoscaler(endpoint_id)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 1.0))
+                except TimeoutError:
+                    await self.poke_autoscaler(endpoint_id)
+        finally:
+            if queued:
+                t.queued -= 1
+
+    async def forward(self, request: web.Request, replica, body: bytes) -> web.StreamResponse:
+        path = request.match_info.get("path", "")
+        url = f"http://{replica.address}:{replica.port}/{path}"
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        async with self.session.request(
+            request.method,
+            url,
+            params=request.query,
+            headers=headers,
+            data=body or None,
+            timeout=ClientTimeout(total=None, sock_connect=2),
+            allow_redirects=False,
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+
+def token_check(plaintext: str, tenant_slug: str) -> tuple | None:
+    """None if the token may invoke the tenant's endpoints, else (status, code, message)."""
+    from django.utils import timezone
+    from django_scopes import scopes_disabled
+
+    from accounts.models import ApiToken
+    from accounts.services import token_hash
+
+    with scopes_disabled():
+        token = ApiToken.objects.select_related("tenant").filter(token_hash=token_hash(plaintext)).first()
+    if token is None or token.revoked_at is not None:
+        return 401, "unauthenticated", "unknown or revoked API token"
+    if token.expires_at is not None and token.expires_at <= timezone.now():
+        return 401, "unauthenticated", "this API token has expired"
+    if token.tenant.slug != tenant_slug:
+        return 404, "not_found", "Not found."
+    if "endpoints:invoke" not in token.scopes:
+        return 403, "forbidden", "this token lacks the 'endpoints:invoke' scope"
+    return None
+
+
+def error(status: int, code: str, message: str, *, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
+    return web.json_response(
+        {"error": {"code": code, "message": message, "fields": {}}}, status=status, headers=headers
+    )
+
+
+def make_app(gateway: Gateway) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+
+    async def start(app):
+        gateway.session = ClientSession(auto_decompress=False)
+        app["background"] = asyncio.create_task(gateway.background(app))
+
+    async def stop(app):
+        app["background"].cancel()
+        await gateway.session.close()
+
+    async def healthz(request):
+        return web.json_response({"ok": True, "endpoints": len(gateway.table)})
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/e/{tenant}/{endpoint}/{path:.*}", gateway.handle)
+    app.router.add_route("*", "/e/{tenant}/{endpoint}", gateway.handle)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpushare-gateway")
+    parser.add_argument("--host", default=os.environ.get("GATEWAY_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GATEWAY_PORT", "8001")))
+    parser.add_argument("--cold-start-timeout", type=float, default=60.0)
+    parser.add_argument("--refresh", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
+    import django
+
+    django.setup()
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    gateway = Gateway(refresh_s=args.refresh, cold_start_timeout_s=args.cold_start_timeout)
+    web.run_app(make_app(gateway), host=args.host, port=args.port, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Read queries for endpoints, including the gateway's routing table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Sum
+from django_scopes import scopes_disabled
+
+from scheduler.models import JobState
+
+from .models import Endpoint, Replica
+
+ROUTABLE_JOB_STATES = (JobState.RUNNING,)
+
+
+@dataclass(frozen=True)
+class Route:
+    replica_id: int
+    address: str
+    port: int
+    state: str  # starting | ready | draining
+    version: int
+
+
+@dataclass(frozen=True)
+class EndpointRoute:
+    endpoint_id: int
+    tenant_id: int
+    tenant_slug: str
+    name: str
+    health_path: str
+    version: int
+    idle_timeout_s: int
+    replicas: tuple[Route, ...]
+
+
+def node_address(node_name: str) -> str:
+    """Where a node's replicas listen (GPUSHARE_NODE_ADDRESSES maps names; 127.0.0.1 otherwise)."""
+    return settings.GPUSHARE.get("NODE_ADDRESSES", {}).get(node_name, "127.0.0.1")
+
+
+@scopes_disabled()
+def routing_table() -> dict[tuple[str, str], EndpointRoute]:
+    """(tenant slug, endpoint name) -> the endpoint and its running replicas."""
+    routes: dict[int, list[Route]] = {}
+    replicas = (
+        Replica.objects.exclude(state=Replica.State.STOPPED)
+        .filter(job__state__in=ROUTABLE_JOB_STATES, job__node__isnull=False)
+        .values_list("pk", "endpoint_id", "port", "state", "version", "job__node__name")
+    )
+    for pk, endpoint_id, port, state, version, node in replicas:
+        routes.setdefault(endpoint_id, []).append(Route(pk, node_address(node), port, state, version))
+    table = {}
+    for e in Endpoint.objects.filter(state=Endpoint.State.ACTIVE).select_related("tenant"):
+        table[(e.tenant.slug, e.name)] = EndpointRoute(
+            e.pk,
+            e.tenant_id,
+            e.tenant.slug,
+            e.name,
+            e.health_path,
+            e.version,
+            e.idle_timeout_s,
+            tuple(routes.get(e.pk, ())),
+        )
+    return table
+
+
+def endpoint_cost(endpoint: Endpoint) -> tuple[Decimal, int]:
+    """Money and GPU-milliseconds of all the endpoint's replicas so far."""
+    totals = Replica.objects.filter(endpoint=endpoint).aggregate(cost=Sum("job__cost"), gpu_ms=Sum("job__gpu_ms"))
+    return totals["cost"] or Decimal(0), totals["gpu_ms"] or 0

@@ -1,0 +1,15 @@
+"""Thin Celery entry points for endpoints."""
+
+from celery import shared_task
+
+from . import services
+
+
+@shared_task(name="endpoints.autoscale", ignore_result=True)
+def endpoint_autoscale_all_task() -> int:
+    return services.endpoint_autoscale_all()
+
+
+@shared_task(name="endpoints.autoscale_one", ignore_result=True)
+def endpoint_autoscale_task(endpoint_id: int) -> None:
+    services.endpoint_autoscale(endpoint_id=endpoint_id)

@@ -1,0 +1,54 @@
+"""A tiny "model server" for endpoint tests: answers on $PORT, sleeps per request.
+
+GET /health -> 200; GET|POST /predict -> JSON with the replica's version and pid
+after SLEEP_S seconds; GET /stream -> 5 chunks, 0.2 s apart (token streaming).
+"""
+
+import json
+import os
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SLEEP_S = float(os.environ.get("SLEEP_S", "0.2"))
+VERSION = os.environ.get("MODEL_VERSION", "1")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _json(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json(200, {"ok": True})
+        if self.path == "/stream":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(5):
+                chunk = f"token{i}\n".encode()
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.2)
+            self.wfile.write(b"0\r\n\r\n")
+            return None
+        return self.do_POST()
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        time.sleep(SLEEP_S)
+        return self._json(200, {"version": VERSION, "pid": os.getpid(), "echo": body.decode(errors="replace")})
+
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
