@@ -150,6 +150,29 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     page.goto("/")
     screenshot(page, "08-dashboard")
 
+    # A job too big for the fleet waits, and its page says why; it is cancelled from the page.
+    big = requests.post(
+        f"{platform.url}/api/v1/jobs/",
+        json={"kind": "training", "gpus": 8, "command": ["true"], "name": "too-big"},
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=10,
+    )
+    assert big.status_code == 201, big.text
+    big_id = big.json()["id"]
+    page.goto(f"/jobs/{big_id}/")
+    page.wait_for_function(
+        "document.querySelector('#job-live').innerText.includes('Why pending:') && "
+        "!document.querySelector('#job-live').innerText.includes('waiting for the next scheduling pass')",
+        timeout=30_000,
+    )
+    assert "Position 1 in the queue" in page.locator("#job-live").inner_text()
+    screenshot(page, "12-job-pending")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#cancel-job").click()
+    page.wait_for_selector("#job-live[data-state=cancelled]")
+    with scopes_disabled():
+        assert Job.objects.get(pk=big_id).state == JobState.CANCELLED
+
     # Every form control has a label; the submit form works from the keyboard alone.
     for path in ("/", "/jobs/", "/jobs/new/", "/usage/", "/team/"):
         page.goto(path)
@@ -191,7 +214,7 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     )
     assert refused.status == 403
     with scopes_disabled():
-        assert Job.objects.filter(tenant=tenant).count() == 1
+        assert Job.objects.filter(tenant=tenant).count() == 2  # the two the owner submitted, nothing from the viewer
 
     # Another tenant's engineer gets a 404 for this job, its live parts and its log.
     _, stranger = owner_of("globex")
