@@ -31,6 +31,7 @@ class AgentConfig:
     run_as: str = ""
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     shutdown_grace_s: int = 10
+    cgroup_root: str = ""  # "", "off", "auto" or a cgroup v2 directory: one cgroup per job
     docker: str = "docker"  # the docker CLI used for jobs that name an image
 
     @property
@@ -89,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--heartbeat", type=float, default=float(env.get("GPUSHARE_HEARTBEAT_INTERVAL_S", "5")))
     parser.add_argument("--log-cap-mb", type=int, default=int(env.get("GPUSHARE_LOG_CAP_MB", "64")))
     parser.add_argument("--run-as", default=env.get("GPUSHARE_RUN_AS", ""), help="run jobs as this user")
+    parser.add_argument(
+        "--cgroup-root",
+        default=env.get("GPUSHARE_CGROUP_ROOT", ""),
+        help="put each job in its own cgroup v2 under this directory ('auto': the agent's own cgroup)",
+    )
     parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -118,4 +124,5 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         heartbeat_s=args.heartbeat,
         log_cap_bytes=args.log_cap_mb << 20,
         run_as=args.run_as,
+        cgroup_root=args.cgroup_root,
     )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from .cgroups import JobCgroup
+
 # Variables the agent copies from its own environment into a job's; nothing
 # else of the agent's (broker URL, credentials) ever reaches a job.
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -162,12 +164,15 @@ class RunningJob:
     pids: frozenset[int] = field(default_factory=frozenset)
     container: str = ""  # docker runtime: the container to kill when the grace period ends
     docker: str = ""
+    cgroup: JobCgroup | None = None
 
     @property
     def deadline(self) -> float:
         return self.started_ms / 1000 + self.spec.max_runtime_s
 
     def group_alive(self) -> bool:
+        if self.cgroup is not None and self.cgroup.pids():
+            return True
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
@@ -189,10 +194,25 @@ class RunningJob:
         return True
 
     def signal_group(self, sig: int) -> None:
+        if self.cgroup is not None:
+            if sig == signal.SIGKILL:
+                self.cgroup.kill()
+            else:
+                for pid in self.cgroup.pids():
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def running(self) -> bool:
+        """Whether any process of the job is left (its cgroup, or else its process group)."""
+        if self.cgroup is not None:
+            return bool(self.cgroup.pids())
+        return self.pgid > 0 and group_running(self.pgid)
 
     def request_stop(self, *, reason: str, grace_s: int, lost: bool = False) -> None:
         """SIGTERM the whole job now, SIGKILL it after ``grace_s``."""
@@ -214,8 +234,12 @@ class RunningJob:
                 subprocess.run([self.docker, "kill", self.container], capture_output=True, timeout=15, check=False)
             self.signal_group(signal.SIGKILL)
 
-    def refresh_pids(self) -> frozenset[int]:
-        self.pids = frozenset(p for p in psutil.pids() if _pgid(p) == self.pgid)
+    def refresh_pids(self, groups: dict[int, list[int]] | None = None) -> frozenset[int]:
+        """The job's processes: its process group, plus its cgroup's (which also holds escapees)."""
+        in_group = (groups or {}).get(self.pgid) if groups is not None else None
+        if in_group is None:
+            in_group = [p for p in psutil.pids() if _pgid(p) == self.pgid]
+        self.pids = frozenset(in_group) | frozenset(self.cgroup.pids() if self.cgroup else ())
         return self.pids
 
 
@@ -236,6 +260,7 @@ def launch(
     log_cap: int,
     run_as: tuple[int, int] | None = None,
     docker: str = "",
+    cgroup_root: Path | None = None,
 ) -> RunningJob:
     """Start the job's command in its own session (process group); with
     ``docker``, start ``docker run`` of the job's image instead."""
@@ -249,10 +274,14 @@ def launch(
     if docker:
         argv = docker_argv(spec, docker=docker, env=env, workdir=workdir, run_as=run_as)
         env = {**env, "PATH": os.environ.get("PATH", env["PATH"])}
+    cgroup = None
+    if cgroup_root is not None and not docker:
+        cgroup = JobCgroup.create(cgroup_root, f"{spec.job_id}-{spec.attempt}")
+        argv = cgroup.shim(argv, run_as=run_as)  # joins the cgroup, then drops to run_as (groups cleared)
     if run_as is not None:
         os.chown(workdir, run_as[0], run_as[1])
         os.chown(workdir / "tmp", run_as[0], run_as[1])
-        if not docker:  # supplementary groups dropped: extra_groups=[]
+        if not docker and cgroup is None:  # supplementary groups dropped: extra_groups=[]
             kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
     started_ms = now_ms()
     try:
@@ -273,6 +302,8 @@ def launch(
         job = RunningJob(spec=spec, proc=None, pgid=-1, started_ms=started_ms, workdir=workdir, log_path=log_path)
         job.exit_code = 127
         job.ended_ms = started_ms + 1
+        if cgroup is not None:
+            cgroup.remove()
         return job
     capture = LogCapture(proc.stdout, log_path, log_cap)
     capture.start()
@@ -286,6 +317,7 @@ def launch(
         log_capture=capture,
         container=container_name(spec) if docker else "",
         docker=docker,
+        cgroup=cgroup,
     )
     job.refresh_pids()
     return job

@@ -20,10 +20,11 @@ import time
 
 from . import __version__
 from .brokerconf import broker_options
+from .cgroups import cgroup_root, leftovers_kill
 from .config import AgentConfig, backend_for, parse_args
 from .gpus import JobProcesses
 from .health import event_describe, event_is_application_error, event_takes_gpu_out
-from .jobs import LaunchSpec, RunningJob, docker_available, group_running, launch, now_ms, process_groups
+from .jobs import LaunchSpec, RunningJob, docker_available, launch, now_ms, process_groups
 from .meter import JobMeter, split_energy
 from .spool import Spool
 from .transport import BrokerLink, Command
@@ -51,6 +52,7 @@ class Agent:
         self.next_heartbeat = 0.0
         self.last_metrics: dict[str, dict] = {}
         self.run_as = self._run_as(config.run_as)
+        self.cgroup_root = cgroup_root(config.cgroup_root)
         self.jobs_dir = config.state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
 
@@ -114,6 +116,9 @@ class Agent:
             except (ProcessLookupError, PermissionError):
                 pass
             self.spool.job_forget(job_id=job_id, attempt=attempt)
+        if self.cgroup_root is not None:
+            for name in leftovers_kill(self.cgroup_root):
+                log.warning("killed the processes left in cgroup %s by a previous run", name)
 
     def shutdown(self) -> None:
         for job in self.jobs.values():
@@ -251,6 +256,7 @@ class Agent:
             log_cap=self.config.log_cap_bytes,
             run_as=self.run_as,
             docker=self.config.docker if spec.image else "",
+            cgroup_root=self.cgroup_root,
         )
         self.jobs[spec.job_id] = job
         self.meters[spec.job_id] = JobMeter(
@@ -304,7 +310,7 @@ class Agent:
             if job.ended_ms is None:
                 job.ended_ms = now_ms()
                 job.signal_group(signal.SIGKILL)  # the main process ended: so does the job
-            if job.pgid > 0 and group_running(job.pgid):
+            if job.running():
                 continue
             if not self._off_gpu(job):
                 continue
@@ -342,6 +348,8 @@ class Agent:
         )
         self.spool.job_forget(job_id=spec.job_id, attempt=spec.attempt)
         del self.jobs[spec.job_id]
+        if job.cgroup is not None:
+            job.cgroup.remove()
         if hasattr(self.backend, "job_ended"):
             self.backend.job_ended(spec)
 
@@ -379,7 +387,7 @@ class Agent:
         groups = process_groups()
         running = [j for j in self.jobs.values() if j.ended_ms is None and j.exit_code is None]
         for job in running:
-            job.pids = frozenset(groups.get(job.pgid, ()))
+            job.refresh_pids(groups)
         samples = self.backend.sample(
             [JobProcesses(j.spec.job_id, tuple(j.spec.gpu_uuids), j.pids, j.spec.share_milli) for j in running]
         )

@@ -1,0 +1,83 @@
+"""One cgroup v2 per job (``--cgroup-root``): a process that escaped the job's
+process group is still stopped, and a run-as job joins its cgroup before it
+drops privileges."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import psutil
+import pytest
+
+from agents.agent.cgroups import unified_mount
+from agents.dispatch import node_send
+from tests.agents.conftest import launch_direct, wait_output
+from tests.factories import wait_for
+
+pytestmark = pytest.mark.integration
+
+ESCAPE = r"""
+import os, signal, sys, time
+def say(text):
+    os.write(1, (text + '\n').encode())
+if os.fork() == 0:
+    os.setsid()  # leaves the job's process group (and session): killpg no longer reaches it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    say('ESCAPED=%d' % os.getpid())
+    while True:
+        time.sleep(0.1)
+say('MAIN=%d' % os.getpid())
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def cgroup_dir():
+    mount = unified_mount()
+    assert mount is not None, "this host has no cgroup v2 hierarchy"
+    path = mount / f"ga-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    for child in sorted(path.glob("job-*")):
+        (child / "cgroup.kill").write_text("1")
+        wait_for(lambda c=child: not (c / "cgroup.procs").read_text().split(), timeout=10, what="cleanup")
+        child.rmdir()
+    if path.exists():
+        path.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _value(output: str, key: str) -> int:
+    return int(output.split(f"{key}=")[1].split()[0])
+
+
+def test_a_process_that_left_the_process_group_is_still_stopped(agent_factory, node, cgroup_dir):
+    agent = agent_factory(node, extra=["--cgroup-root", str(cgroup_dir)])
+    launch_direct(agent, 9301, [sys.executable, "-c", ESCAPE], grace_s=2)
+    output = wait_for(
+        lambda: "ESCAPED=" in (out := wait_output(agent, 9301, "MAIN=")) and out, timeout=45, what="both processes"
+    )
+    main, escaped = _value(output, "MAIN"), _value(output, "ESCAPED")
+    in_cgroup = set((cgroup_dir / "job-9301-1" / "cgroup.procs").read_text().split())
+    assert {str(main), str(escaped)} <= in_cgroup
+
+    node_send(agent.node, "agent.stop", {"job_id": 9301, "attempt": 1, "reason": "test stop", "grace_s": 2})
+    wait_for(lambda: not _alive(escaped) and not _alive(main), timeout=45, what="the escaped process killed too")
+    wait_for(lambda: "job 9301 attempt 1 ended" in agent.log(), timeout=45, what="the end reported")
+    assert not (cgroup_dir / "job-9301-1").exists()
+
+
+def test_run_as_joins_the_cgroup_then_drops_privileges(agent_factory, node, cgroup_dir):
+    agent = agent_factory(node, extra=["--cgroup-root", str(cgroup_dir), "--run-as", "nobody"])
+    script = "echo ids=$(/usr/bin/id -u):$(/usr/bin/id -G) cg=$(cat /proc/self/cgroup | grep '^0::'); sleep 30"
+    launch_direct(agent, 9302, ["/bin/sh", "-c", script])
+    output = wait_output(agent, 9302, "ids=")
+    assert "ids=65534:65534 " in output  # the user, and no supplementary group of the agent's
+    assert f"/{cgroup_dir.name}/job-9302-1" in output.split("cg=")[1]
