@@ -149,6 +149,21 @@ def _usage_window(t, user, objs):
     )  # fmt: skip
 
 
+def _endpoint(t, user):
+    from endpoints.models import Endpoint
+
+    return Endpoint.objects.create(
+        tenant=t, created_by=user, name="walk-b", command=["serve", MARKER], image=MARKER, gpu_milli=250,
+        min_replicas=0, max_replicas=1,
+    )  # fmt: skip
+
+
+def _endpoint(t, user):
+    from endpoints.services import EndpointSpec, endpoint_create
+
+    return endpoint_create(tenant=t, user=user, spec=EndpointSpec(name="walk", command=["echo", MARKER], gpu_milli=250))
+
+
 BUILDERS: dict[str, Callable] = {
     "scheduler.Job": lambda t, u, objs: _job(t, u),
     "accounts.ApiToken": lambda t, u, objs: token_create(tenant=t, user=u, name=MARKER).token,
@@ -157,6 +172,7 @@ BUILDERS: dict[str, Callable] = {
     "billing.Invoice": lambda t, u, objs: _invoice(t, u),
     "billing.UsageWindow": _usage_window,
     "scheduler.JobEvent": lambda t, u, objs: objs["scheduler.Job"].events.first(),
+    "endpoints.Endpoint": lambda t, u, objs: _endpoint(t, u),
 }
 
 
