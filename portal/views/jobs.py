@@ -47,6 +47,7 @@ def job_list(request):
     paginator = Paginator(jobs, PAGE_SIZE)
     page_obj = paginator.get_page(request.GET.get("page"))
     query = urlencode({k: v for k, v in f.items() if v})
+    unsorted = urlencode({k: v for k, v in f.items() if v and k != "sort"})
     return page(
         request,
         "portal/jobs_list.html",
@@ -55,6 +56,7 @@ def job_list(request):
             "jobs": list(page_obj.object_list),
             "filters": f,
             "query": query,
+            "unsorted": f"{unsorted}&" if unsorted else "",
             "states": [("active", "Active (queued or running)"), *JobState.choices],
             "kinds": JobKind.choices,
             "sorts": [(key, key.title()) for key in selectors.SORTS],

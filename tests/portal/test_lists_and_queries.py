@@ -46,6 +46,12 @@ def test_filters_search_sort_and_pages(client_for, tenant, node):
     inference = names(owner.get(url + "?kind=inference&sort=oldest"))
     assert inference == [f"run-{i:02d}" for i in range(0, 30, 3)]
     assert names(owner.get(url + "?sort=cost"))[0] == "finished"
+    # Column headers sort, keeping the filters.
+    headers = owner.get(url + "?state=queued&sort=cost").content.decode()
+    assert (
+        'href="?state=queued&amp;sort=name"' in headers
+        and 'aria-sort="descending"><a href="?state=queued&amp;sort=cost"' in headers
+    )
     # Filters survive paging.
     assert "state=queued&amp;page=2" in owner.get(url + "?state=queued").content.decode()
 
