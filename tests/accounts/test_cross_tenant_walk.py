@@ -158,12 +158,6 @@ def _endpoint(t, user):
     )  # fmt: skip
 
 
-def _endpoint(t, user):
-    from endpoints.services import EndpointSpec, endpoint_create
-
-    return endpoint_create(tenant=t, user=user, spec=EndpointSpec(name="walk", command=["echo", MARKER], gpu_milli=250))
-
-
 BUILDERS: dict[str, Callable] = {
     "scheduler.Job": lambda t, u, objs: _job(t, u),
     "accounts.ApiToken": lambda t, u, objs: token_create(tenant=t, user=u, name=MARKER).token,
