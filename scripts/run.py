@@ -17,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PORT = os.environ.get("PORT", "8000")
+GATEWAY_PORT = os.environ.get("GATEWAY_PORT", str(int(PORT) + 1))
+STRIPE_PORT = os.environ.get("LOCALSTRIPE_PORT", str(int(PORT) + 420))
 NODE = os.environ.get("GPUSHARE_DEMO_NODE", "sim-node-1")
 SIM_GPUS = os.environ.get("GPUSHARE_DEMO_GPUS", "sim:2xH100-80GB,2xL4-24GB")
 
@@ -30,6 +32,11 @@ def manage(*args: str, capture: bool = False) -> str:
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
+    # Without a real Stripe key, payments go to localstripe (an offline Stripe emulator) started below.
+    offline_stripe = "STRIPE_API_KEY" not in os.environ
+    if offline_stripe:
+        os.environ["STRIPE_API_BASE"] = f"http://127.0.0.1:{STRIPE_PORT}"
+        os.environ["STRIPE_LOCALSTRIPE"] = "1"
     var = Path(os.environ.setdefault("GPUSHARE_VAR_DIR", str(ROOT / "var")))
     var.mkdir(parents=True, exist_ok=True)
     manage("migrate", "--noinput", "-v", "0")
@@ -38,6 +45,11 @@ def main() -> None:
     (var / "demo.json").write_text(json.dumps(demo, indent=2))
     python = BIN / "python"
     procfile = var / "Procfile"
+    webhook = f"http://127.0.0.1:{PORT}/billing/stripe/webhook/"
+    stripe_line = (
+        f"stripe: sh -c '{python} -m localstripe --port {STRIPE_PORT} --from-scratch & sleep 3; "
+        f"{python} manage.py localstripe_webhook --url {webhook}; wait'"
+    )
     procfile.write_text(
         "\n".join(
             [
@@ -45,6 +57,8 @@ def main() -> None:
                 f"worker: {BIN / 'celery'} -A gpushare worker -Q platform -c 2 -l info",
                 f"beat: {BIN / 'celery'} -A gpushare beat -l info -s {var / 'celerybeat-schedule'}",
                 f"agent: {python} -m agents --node {NODE} --gpus {SIM_GPUS} --var-dir {var}",
+                f"gateway: {python} -m endpoints --port {GATEWAY_PORT}",
+                *([stripe_line] if offline_stripe else []),
             ]
         )
         + "\n"
@@ -60,6 +74,8 @@ def main() -> None:
   portal      {base}/
   admin       {base}/admin/       login: operator / {demo['password']}
   API docs    {base}/api/docs/
+  console     {base}/console/      (operator: fleet, queue, rules with what-if)
+  endpoints   http://127.0.0.1:{GATEWAY_PORT}/e/<tenant>/<endpoint>/   (inference gateway)
   tenants     acme:   {acme['user']} / {demo['password']}
               globex: {demo['tenants']['globex']['user']} / {demo['password']}
   API tokens  acme:   {acme['token']}

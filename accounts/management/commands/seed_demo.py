@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import ApiToken, Tenant
-from accounts.services import tenant_create, token_create
+from accounts.services import ALL_SCOPES, tenant_create, token_create
 from agents.services import node_credential_issue
 from billing.models import Price
 from scheduler.models import PriorityClass
@@ -81,7 +81,7 @@ class Command(BaseCommand):
                 tenant = tenant_create(slug=slug, name=slug.title(), owner_email=email, owner_password=DEMO_PASSWORD)
             ApiToken.objects.filter(tenant=tenant, name="demo").update(revoked_at=timezone.now())
             user = user_model.objects.get(username=email)
-            issued = token_create(tenant=tenant, user=user, name="demo")
+            issued = token_create(tenant=tenant, user=user, name="demo", scopes=ALL_SCOPES)
             out["tenants"][slug] = {"user": email, "token": issued.plaintext}
         out["node"] = {"name": node, "token": node_credential_issue(name=node)}
         self.stdout.write(json.dumps(out))
