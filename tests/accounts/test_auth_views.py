@@ -145,3 +145,18 @@ def test_signup_service_never_takes_over_an_existing_account():
     victim.refresh_from_db()
     assert victim.check_password(PASSWORD)
     assert not Tenant.objects.filter(slug="evil").exists()
+
+
+def test_password_change(client):
+    user = UserFactory()
+    client.force_login(user)
+    page = client.get("/accounts/password_change/")
+    assert page.status_code == 200 and b"Change your password" in page.content
+    response = client.post(
+        "/accounts/password_change/",
+        {"old_password": PASSWORD, "new_password1": "erlich-bachman-2", "new_password2": "erlich-bachman-2"},
+    )
+    assert response.status_code == 302
+    user.refresh_from_db()
+    assert user.check_password("erlich-bachman-2")
+    assert b"Your password is changed" in client.get("/accounts/password_change/done/").content
