@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
-from django.contrib.auth.decorators import login_required
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import render
+from django.http import HttpResponse
+from django.shortcuts import render, resolve_url
 from django_scopes import scope, scopes_disabled
 
 from accounts.models import Membership, Tenant
@@ -61,6 +64,17 @@ def portal_context(request) -> PortalContext | None:
     return PortalContext(tenant=membership.tenant, membership=membership, memberships=memberships)
 
 
+def _to_login(request):
+    """Log in first. A live part polled by htmx sends the whole page to the login
+    form (HX-Redirect) instead of swapping the form into a table cell."""
+    if getattr(request, "htmx", False):
+        page = request.htmx.current_url_abs_path or "/"
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': page})}"
+        return response
+    return redirect_to_login(request.get_full_path())
+
+
 def tenant_page(view=None, *, action: str | None = None):
     """Decorate a portal view: log-in required, tenant chosen, scope entered,
     ``action`` checked against the role (403 if not allowed).
@@ -70,9 +84,10 @@ def tenant_page(view=None, *, action: str | None = None):
     """
 
     def decorate(func):
-        @login_required
         @functools.wraps(func)
         def wrapped(request, *args, **kwargs):
+            if not request.user.is_authenticated:
+                return _to_login(request)
             ctx = portal_context(request)
             if ctx is None:
                 return render(request, "portal/no_tenant.html", status=403)

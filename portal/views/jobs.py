@@ -69,9 +69,11 @@ def job_list(request):
 @require_POST
 def job_bulk_cancel(request):
     ids = [int(v) for v in request.POST.getlist("job") if v.isdigit()][:MAX_BULK]
+    target = request.POST.get("next", "")
+    target = target if target.startswith("/jobs/") or target == "/jobs" else reverse("portal:jobs")
     if not ids:
         messages.error(request, "Select at least one job to cancel.")
-        return redirect(request.POST.get("next") or reverse("portal:jobs"))
+        return redirect(target)
     jobs = list(jobs_for_tenant(tenant=request.portal.tenant).filter(pk__in=ids))
     cancelled = 0
     refused = 0
@@ -88,8 +90,7 @@ def job_bulk_cancel(request):
     if refused:
         text += f" {refused} submitted by someone else: your role cancels only your own jobs."
     messages.success(request, text)
-    target = request.POST.get("next", "")
-    return redirect(target if target.startswith("/jobs") else reverse("portal:jobs"))
+    return redirect(target)
 
 
 # --- submit -----------------------------------------------------------------------

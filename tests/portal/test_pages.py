@@ -165,3 +165,18 @@ def test_metrics_json_gives_chart_points(client_for, tenant, node):
     later = owner.get(reverse("portal:job_metrics", kwargs={"pk": job.pk}) + f"?after={body['t'][1]}").json()
     assert later["t"] == body["t"][2:]
     assert later["cost"] == body["cost"]
+
+
+def test_an_expired_session_sends_live_parts_to_the_login_page(client):
+    response = client.get(
+        reverse("portal:dashboard_live"), HTTP_HX_REQUEST="true", HTTP_HX_CURRENT_URL="http://testserver/jobs/?q=x"
+    )
+    assert response.status_code == 204
+    assert response["HX-Redirect"] == "/accounts/login/?next=%2Fjobs%2F%3Fq%3Dx"
+
+
+def test_bulk_cancel_never_redirects_off_site(client_for, tenant):
+    owner = client_for(tenant)
+    for data in ({"next": "https://evil.test/"}, {"next": "//evil.test/", "job": ["1"]}):
+        response = owner.post(reverse("portal:jobs_cancel"), data)
+        assert response.status_code == 302 and response["Location"] == reverse("portal:jobs")
