@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import os
 import random
@@ -43,6 +44,7 @@ HOP_BY_HOP = {
     "content-length",
 }
 MAX_BODY = 10 << 20
+TOKEN_CACHE_S = 5.0
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Gateway:
         self.inflight: dict[int, int] = {}
         self.traffic: dict[int, Traffic] = {}
         self.session: ClientSession | None = None
+        self.token_cache: dict[tuple[bytes, str], tuple[float, tuple | None]] = {}
         self.changed = asyncio.Event()
 
     # --- platform state (Django, in a thread) ---------------------------------
@@ -180,9 +183,19 @@ class Gateway:
     # --- requests --------------------------------------------------------------
 
     async def principal(self, plaintext: str, tenant_slug: str):
+        """Check a token (cached for TOKEN_CACHE_S: a revocation takes effect within that)."""
         from asgiref.sync import sync_to_async
 
-        return await sync_to_async(token_check, thread_sensitive=False)(plaintext, tenant_slug)
+        key = (hashlib.sha256(plaintext.encode()).digest(), tenant_slug)
+        cached = self.token_cache.get(key)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        problem = await sync_to_async(token_check, thread_sensitive=False)(plaintext, tenant_slug)
+        if len(self.token_cache) > 10_000:
+            self.token_cache.clear()
+        self.token_cache[key] = (now + TOKEN_CACHE_S, problem)
+        return problem
 
     def pick(self, route, exclude: set[int]):
         """The ready replica with the fewest requests in flight, of the newest version that has one."""

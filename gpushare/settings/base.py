@@ -211,6 +211,10 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- gpushare -------------------------------------------------------------
 GPUSHARE = {
+    # Where the endpoint gateway reaches a node's replicas: {"node-name": "10.0.0.5", ...}; default 127.0.0.1.
+    "NODE_ADDRESSES": dict(
+        pair.split("=", 1) for pair in os.environ.get("GPUSHARE_NODE_ADDRESSES", "").split(",") if "=" in pair
+    ),
     # A node is marked down after this many heartbeat intervals without news.
     "HEARTBEAT_INTERVAL_S": int(os.environ.get("GPUSHARE_HEARTBEAT_INTERVAL_S", "5")),
     "MISSED_HEARTBEATS_DOWN": int(os.environ.get("GPUSHARE_MISSED_HEARTBEATS_DOWN", "3")),
