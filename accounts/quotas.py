@@ -241,15 +241,22 @@ def month_usage_advance(tenant_ids, *, now: datetime | None = None) -> int:
     settled = (
         UsageWindow.objects.filter(received_at__lt=now - SETTLED_AFTER).order_by("-id").values_list("id", flat=True)
     ).first() or 0
-    before_month = (
-        UsageWindow.objects.filter(received_at__lt=start - CLOCK_MARGIN).order_by("-id").values_list("id", flat=True)
-    ).first() or 0
-    rows = {}
-    for tenant_id in tenant_ids:
-        row, _ = TenantMonthUsage.objects.select_for_update().get_or_create(
-            tenant_id=tenant_id, month=start.date(), defaults={"through_window_id": before_month}
-        )
-        rows[tenant_id] = row
+    rows = {
+        row.tenant_id: row
+        for row in TenantMonthUsage.objects.select_for_update().filter(tenant_id__in=tenant_ids, month=start.date())
+    }
+    if missing := [t for t in tenant_ids if t not in rows]:
+        # Windows received before the month began (less the clock margin) cannot start in it.
+        before_month = (
+            UsageWindow.objects.filter(received_at__lt=start - CLOCK_MARGIN)
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        ) or 0
+        for tenant_id in missing:
+            rows[tenant_id], _ = TenantMonthUsage.objects.get_or_create(
+                tenant_id=tenant_id, month=start.date(), defaults={"through_window_id": before_month}
+            )
     by_cursor: dict[int, list[TenantMonthUsage]] = {}
     for row in rows.values():
         if row.through_window_id < settled:
