@@ -8,8 +8,11 @@ answer must be exactly what a missing id gets (404; or the same 403/405 when
 the role or method is refused before any lookup), no response may carry the
 other tenant's data, and the other tenant's objects must be unchanged.
 
-A new route whose id cannot be mapped to a model, or a new tenant-owned model
-without a builder here, fails the walk with a message saying what to add.
+The other tenant gets one object of every tenant-owned model: from BUILDERS
+(through services, with realistic data) or, for a model added later, from its
+required fields (generic_build). A route whose id cannot be mapped to a model, or
+a model that cannot be built either way, fails the walk with a message saying
+what to add.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from datetime import date, timedelta
 
 import pytest
 from django.apps import apps
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, models, transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
@@ -170,6 +174,61 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
+def _value_for(field, t, user, objs):
+    """A plausible value for a required field of a model the walk has no builder for."""
+    if field.is_relation:
+        target = field.related_model
+        if target is Tenant:
+            return t
+        if target is type(user):
+            return user
+        built = objs.get(target._meta.label)
+        if built is None:
+            raise LookupError(f"needs a {target._meta.label}")
+        return built
+    if field.choices:
+        return field.choices[0][0]
+    if isinstance(field, models.BinaryField):
+        return MARKER.encode()
+    if isinstance(field, models.JSONField):
+        return {"marker": MARKER}
+    if isinstance(field, models.DateTimeField):
+        return timezone.now()
+    if isinstance(field, models.DateField):
+        return date(2026, 1, 1)
+    if isinstance(field, models.DecimalField | models.FloatField):
+        return 0
+    if isinstance(field, models.BooleanField):
+        return False
+    if isinstance(field, models.IntegerField | models.DurationField):
+        return 1 if not isinstance(field, models.DurationField) else timedelta(seconds=1)
+    if isinstance(field, models.CharField | models.TextField):
+        return (
+            MARKER.lower()[: field.max_length or None]
+            if isinstance(field, models.SlugField)
+            else (MARKER[: field.max_length or None])
+        )
+    raise LookupError(f"no value for {field.name} ({type(field).__name__})")
+
+
+def generic_build(model, t, user, objs):
+    """Create one row of ``model`` for tenant ``t`` from its required fields (None if impossible)."""
+    values = {"tenant": t}
+    try:
+        for field in model._meta.concrete_fields:
+            if field.name in values:
+                continue
+            if field.primary_key or field.has_default() or field.null or getattr(field, "auto_now", False):
+                continue
+            if getattr(field, "auto_now_add", False):
+                continue
+            values[field.name] = _value_for(field, t, user, objs)
+        with transaction.atomic():
+            return model._base_manager.create(**values)
+    except (LookupError, ValueError, TypeError, IntegrityError, ValidationError):
+        return None
+
+
 @pytest.fixture
 def world(rules, tenant, other_tenant):
     """Tenant B with one of each buildable tenant-owned object; returns (objects by model label, snapshot)."""
@@ -182,6 +241,10 @@ def world(rules, tenant, other_tenant):
             except LookupError:
                 continue  # a model that does not exist (yet) in this tree
             objs[label] = build(other_tenant, owner_b, objs)
+        for _ in range(2):  # twice: a model may need another one built first
+            for label, model in tenant_models().items():
+                if label not in objs and (built := generic_build(model, other_tenant, owner_b, objs)) is not None:
+                    objs[label] = built
     return objs
 
 
@@ -251,7 +314,9 @@ def url_for(route: Route, objs, *, missing: bool) -> str:
     kwargs = {}
     for kwarg in route.kwargs:
         label = model_for(route, kwarg)
-        assert label in objs, f"{route.route} takes a {label} id: add a builder for it to BUILDERS"
+        assert label in objs, (
+            f"{route.route} takes a {label} id and none could be built from its fields: add a builder to BUILDERS"
+        )
         field = _drf_lookup(route, kwarg)[1]
         value = getattr(objs[label], field)
         kwargs[kwarg] = (MISSING_ID if isinstance(value, int) else "no-such-object") if missing else value
