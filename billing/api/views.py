@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -58,7 +58,10 @@ class EstimateView(TenantScopedMixin, APIView):
     required_scopes = {"GET": "usage:read"}
     required_actions = {"GET": "usage.read"}
 
-    @extend_schema(parameters=[EstimateQuerySerializer], responses=EstimateSerializer(many=True))
+    @extend_schema(
+        parameters=[EstimateQuerySerializer],
+        responses=inline_serializer("EstimateResponse", {"results": EstimateSerializer(many=True)}),
+    )
     def get(self, request):
         query = EstimateQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
