@@ -35,16 +35,28 @@ while True:
 
 @pytest.fixture
 def cgroup_dir():
+    """A cgroup v2 directory of the test's own (tests stop their agent first, so it is empty here)."""
     mount = unified_mount()
     assert mount is not None, "this host has no cgroup v2 hierarchy"
     path = mount / f"ga-test-{uuid.uuid4().hex[:8]}"
     yield path
-    for child in sorted(path.glob("job-*")):
-        (child / "cgroup.kill").write_text("1")
-        wait_for(lambda c=child: not (c / "cgroup.procs").read_text().split(), timeout=10, what="cleanup")
-        child.rmdir()
-    if path.exists():
-        path.rmdir()
+    for child in sorted(path.glob("job-*")):  # what an agent did not clean up itself
+        try:
+            (child / "cgroup.kill").write_text("1")
+            wait_for(lambda c=child: not (c / "cgroup.procs").read_text().split(), timeout=10, what="cleanup")
+            child.rmdir()
+        except FileNotFoundError:
+            pass
+    def removed():
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # an agent still finishing a job: it removes its job cgroup itself
+            return False
+        return True
+
+    wait_for(removed, timeout=30, interval=0.5, what=f"{path} to be removed")
 
 
 def _alive(pid: int) -> bool:
@@ -72,6 +84,7 @@ def test_a_process_that_left_the_process_group_is_still_stopped(agent_factory, n
     wait_for(lambda: not _alive(escaped) and not _alive(main), timeout=45, what="the escaped process killed too")
     wait_for(lambda: "job 9301 attempt 1 ended" in agent.log(), timeout=45, what="the end reported")
     assert not (cgroup_dir / "job-9301-1").exists()
+    agent.stop()
 
 
 def test_run_as_joins_the_cgroup_then_drops_privileges(agent_factory, node, cgroup_dir):
@@ -81,3 +94,5 @@ def test_run_as_joins_the_cgroup_then_drops_privileges(agent_factory, node, cgro
     output = wait_output(agent, 9302, "ids=")
     assert "ids=65534:65534 " in output  # the user, and no supplementary group of the agent's
     assert f"/{cgroup_dir.name}/job-9302-1" in output.split("cg=")[1]
+    agent.stop()  # the agent stops the job and removes its cgroup
+    assert not (cgroup_dir / "job-9302-1").exists()
