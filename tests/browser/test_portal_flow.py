@@ -195,7 +195,10 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
         phone.goto(path)
         assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), path
     phone.goto(f"/jobs/{job_id}/")
+    phone.wait_for_function("Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3")
     screenshot(phone, "09-phone-job")
+    phone.goto("/")
+    screenshot(phone, "09-phone-dashboard")
 
     # A viewer sees the job but cannot submit.
     viewer = member_add(tenant, role=Role.VIEWER)
