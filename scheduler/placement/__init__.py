@@ -7,7 +7,7 @@ decisions in one transaction; benchmarks and the operator console's what-if
 preview call :func:`plan` directly.
 """
 
-from .core import plan, queue_order
+from .core import Session, plan, queue_order
 from .data import (
     ANY,
     DEDICATED_ONLY,
@@ -28,6 +28,6 @@ from .fairshare import standing, usage_accumulate, usage_decay
 
 __all__ = [
     "ANY", "DEDICATED_ONLY", "NEVER", "SHARED_ONLY", "WHOLE", "GpuSlot", "Limits", "NodeSlot", "Placement", "Plan",
-    "Policy", "Preemption", "Request", "Running", "plan", "queue_order", "standing", "usage_accumulate",
+    "Policy", "Preemption", "Request", "Running", "Session", "plan", "queue_order", "standing", "usage_accumulate",
     "usage_decay",
 ]

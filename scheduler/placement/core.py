@@ -383,3 +383,22 @@ def plan(
     holdings and preemption victims). ``nodes`` are mutated to the planned state.
     """
     return _Planner(nodes, list(running), policy or Policy()).run(requests)
+
+
+class Session:
+    """The core used online, one request at a time, against a fleet it keeps
+    (replays and packing benchmarks): the same decisions :func:`plan` makes,
+    without rebuilding the fleet's indexes for every arrival."""
+
+    def __init__(self, nodes: list[NodeSlot], *, running: Iterable[Running] = (), policy: Policy | None = None):
+        self._planner = _Planner(nodes, list(running), policy or Policy())
+
+    def offer(self, request: Request) -> Placement | None:
+        """Place ``request`` now if it fits (the fleet keeps it), else None (see :meth:`reason`)."""
+        placements = self._planner.result.placements
+        before = len(placements)
+        self._planner._decide(request)
+        return placements[-1] if len(placements) > before else None
+
+    def reason(self, job_id: int) -> str:
+        return self._planner.result.pending.get(job_id, "")
