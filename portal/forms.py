@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import uuid
 from decimal import Decimal, InvalidOperation
 
 from django import forms
@@ -13,6 +14,7 @@ from rest_framework.exceptions import ValidationError as DRFValidationError
 from accounts.models import Role
 from accounts.services import ALL_SCOPES, DEFAULT_SCOPES
 from scheduler import services
+from scheduler.api.idempotency import MAX_KEY_LENGTH
 from scheduler.api.serializers import JobCreateSerializer
 from scheduler.models import Job, JobKind
 
@@ -52,9 +54,13 @@ class JobSubmitForm(forms.Form):
         help_text="The job is stopped after this long. Empty: the platform default.",
     )
     gpu_memory_mb = forms.CharField(required=False, label="GPU memory needed (MiB)")
+    # One key per form shown: a double click or a resent POST submits one job.
+    idempotency_key = forms.CharField(required=False, widget=forms.HiddenInput, max_length=MAX_KEY_LENGTH)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            self.initial.setdefault("idempotency_key", f"portal-{uuid.uuid4()}")
         self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in gpu_models()]
         self.fields["priority"].choices = [("", "Default for the kind")] + [
             (p.name, f"{p.name} (×{p.price_multiplier.normalize()}{', preemptible' if p.preemptible else ''})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import uuid
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -13,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from scheduler import services
+from scheduler.api.idempotency import Submitted, job_submit_idempotent
 from scheduler.models import TERMINAL_STATES, Job, JobKind, JobState
 from scheduler.selectors import job_log_read, jobs_for_tenant
 
@@ -117,6 +120,19 @@ def _submit_context(request, form: JobSubmitForm) -> dict:
     }
 
 
+def _submit_once(request, form: JobSubmitForm) -> Submitted:
+    """Submit with the form's idempotency key: a resent form answers with the job it
+    created. The same key with a changed request is a new job, so it gets a new key."""
+    key = form.cleaned_data.get("idempotency_key") or ""
+    submit = functools.partial(job_submit_idempotent, tenant=request.portal.tenant, user=request.user, spec=form.spec())
+    try:
+        return submit(idempotency_key=key)
+    except services.JobError as exc:
+        if exc.code != "conflict" or "Idempotency-Key" not in str(exc):
+            raise
+        return submit(idempotency_key=f"portal-{uuid.uuid4()}")
+
+
 @tenant_page
 def job_submit(request):
     can_submit = request.portal.can("jobs.submit")
@@ -126,12 +142,13 @@ def job_submit(request):
         form = JobSubmitForm(request.POST)
         if form.is_valid():
             try:
-                job = services.job_submit(tenant=request.portal.tenant, user=request.user, spec=form.spec())
+                submitted = _submit_once(request, form)
             except services.JobError as exc:
                 form.add_job_error(exc)
             else:
-                messages.success(request, f"Job {job.pk} submitted.")
-                return redirect("portal:job", pk=job.pk)
+                if submitted.created:
+                    messages.success(request, f"Job {submitted.job.pk} submitted.")
+                return redirect("portal:job", pk=submitted.job.pk)
         return page(request, "portal/submit.html", _submit_context(request, form), status=400)
     initial = {}
     source = request.GET.get("from", "")

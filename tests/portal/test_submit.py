@@ -141,3 +141,18 @@ def test_blank_form_shows_no_errors_but_the_defaults_price(client_for, tenant):
     assert "<li>" not in page.split('id="submit-form"', 1)[1].split("</form>", 1)[0]  # no error shown yet
     assert "$0.70–$2.49" in page  # one whole GPU, L4 to H100, standard class
     assert "gpushare submit --kind training --gpus 1 --wait --" in page
+
+
+def test_a_resent_form_submits_one_job(client_for, tenant):
+    owner = client_for(tenant)
+    page = owner.get(reverse("portal:submit")).content.decode()
+    key = page.split('name="idempotency_key" value="', 1)[1].split('"', 1)[0]
+    assert key.startswith("portal-")
+    first = owner.post(reverse("portal:submit"), {**GOOD, "idempotency_key": key})
+    again = owner.post(reverse("portal:submit"), {**GOOD, "idempotency_key": key})  # a double click
+    assert first.status_code == again.status_code == 302 and first["Location"] == again["Location"]
+    # The same key with a changed request (edited after going back) is a new job, not an error.
+    changed = owner.post(reverse("portal:submit"), {**GOOD, "gpus": "1", "idempotency_key": key})
+    assert changed.status_code == 302 and changed["Location"] != first["Location"]
+    with scopes_disabled():
+        assert Job.objects.filter(tenant=tenant).count() == 2
