@@ -18,6 +18,7 @@ from scheduler import services as scheduler_services
 from scheduler.models import ACTIVE_STATES, Job
 
 from .agent.health import event_describe, event_is_application_error, event_takes_gpu_out
+from .dispatch import node_send
 from .models import Gpu, GpuOutage, Node
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,10 @@ def node_heartbeat(*, node: Node, gpus: list[dict]) -> None:
     now = timezone.now()
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now)
     if node.state == Node.State.DOWN:
-        log.info("node %s is back; it must register again to be scheduled", node.name)
+        # The agent kept running (it hung, or its heartbeats were late) and does not
+        # know the platform gave up on it: ask it to register, which reconciles its jobs.
+        log.info("node %s is back after being marked down; asking its agent to register again", node.name)
+        transaction.on_commit(lambda: node_send(node.name, "agent.register", {}))
     for gpu in gpus:
         Gpu.objects.filter(node=node, uuid=gpu.get("uuid")).update(last_metrics=gpu.get("metrics", {}))
 

@@ -184,6 +184,8 @@ class Agent:
                 self.job_launch(LaunchSpec.from_message(command.kwargs))
             elif command.task == "agent.stop":
                 self.job_stop(command.kwargs)
+            elif command.task == "agent.register":
+                self.report("agents.register", {"info": self.registration()})
             else:
                 log.warning("unknown command %r ignored", command.task)
         except (KeyError, TypeError, ValueError) as exc:
@@ -352,7 +354,6 @@ class Agent:
             job.cgroup.remove()
         if hasattr(self.backend, "job_ended"):
             self.backend.job_ended(spec)
-
         log.info("job %s attempt %s ended: exit %s %s", spec.job_id, spec.attempt, job.exit_code, reason)
         if (newer := self.deferred.pop(spec.job_id, None)) is not None and not self.stopping:
             self.job_launch(newer)

@@ -105,3 +105,11 @@ def test_a_quick_restart_reports_what_runs_and_the_platform_reconciles(platform,
         states = list(JobEvent.objects.filter(job_id=job_id).values_list("to_state", flat=True))
     assert JobState.LOST in states
     assert Node.objects.get(name=node).state == Node.State.UP
+
+
+def test_a_node_marked_down_while_its_agent_still_runs_comes_back(platform, agent_factory, node):
+    """No outage seen by the agent (it was late, not gone): the platform asks it to register again."""
+    agent_factory(node, gpus="sim:1xH100-80GB")
+    Node.objects.filter(name=node).update(state=Node.State.DOWN, state_reason="missed 3 heartbeats")
+    wait_for(lambda: Node.objects.get(name=node).state == Node.State.UP, timeout=45, what="the node to come back")
+    assert Node.objects.get(name=node).state_reason == ""
