@@ -103,10 +103,13 @@ def report_markdown(folder: Path) -> str:
                 out.append(f"| {case['name']} | {'PASS' if case['passed'] else 'FAIL'} | {figures} |")
             out.append("")
             continue
-        rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in data.get("rows", [])]
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            continue  # another tool's file
+        rows = [Row(**{k: v for k, v in r.items() if k in fields}) for r in data["rows"]]
         load = data.get("load_average_before")
         load_text = f", load average {load[0]:.1f} before" if load else ""
-        out.append(f"### {data['name']} ({'quick' if data.get('quick') else 'full'} run at {data.get('at')}, "
+        kind = "quick" if data.get("quick") else "full"
+        out.append(f"### {data.get('name', path.stem)} ({kind} run at {data.get('at')}, "
                    f"{data.get('seconds', 0):.0f} s{load_text})\n")
         out.append(table_markdown(rows))
         out.append("")
