@@ -16,7 +16,10 @@ The backlog: 70% shared slices (1/8, 1/4, 1/2), 30% dedicated 1-8 GPUs, three
 priority classes, 20 tenants with weights, some model constraints; the fleet is
 75% H100 and 25% L4 nodes, empty at the start. The database part runs in a
 child process on its own database (``BENCH_SCHED_DATABASE_URL``, default
-``gpushare_bench_sched``, dropped and recreated) so it never touches another one.
+``gpushare_bench_sched``, dropped and recreated) so it never touches another one,
+and its own Redis db (``BENCH_SCHED_REDIS_URL``, default db 13; only the bench
+nodes' queues are deleted). The nodes' queues are declared before the timed
+pass, as running agents and a long-lived worker have them.
 """
 
 from __future__ import annotations
@@ -208,6 +211,18 @@ def _queued_messages(nodes: int) -> int:
     return sum(pipe.execute())
 
 
+def _queues_declare(nodes: int) -> None:
+    """What running agents and a warm worker have done already: each node's queue is declared once."""
+    from kombu.common import maybe_declare
+
+    from agents.agent.brokerconf import node_queue
+    from gpushare.celery import app
+
+    with app.producer_or_acquire() as producer:
+        for name, _, _ in fleet_spec(nodes):
+            maybe_declare(app.amqp.queues[node_queue(name)], producer.channel)
+
+
 def child_main(quick: bool) -> dict:
     _child_setup()
     from scheduler.services import schedule_pass
@@ -217,6 +232,7 @@ def child_main(quick: bool) -> dict:
     for nodes in (SIZES[:2] if quick else SIZES):
         _db_load(nodes, jobs)
         _queues_clear(nodes)
+        _queues_declare(nodes)
         started = time.perf_counter()
         result = schedule_pass()
         elapsed = time.perf_counter() - started
@@ -229,6 +245,7 @@ def child_main(quick: bool) -> dict:
             "nodes": nodes, "jobs": len(jobs), "placed": result.placed, "pending": result.pending,
             "seconds": elapsed, "placements_per_s": result.placed / elapsed, "launch_messages": sent,
             "second_pass_seconds": second, "second_pass_placed": again.placed,
+            "phases": {**result.timings, "commit_and_dispatch": elapsed - result.seconds},
         })
     return out
 
