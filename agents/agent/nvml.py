@@ -48,7 +48,7 @@ MARKETED_GB = (8, 10, 12, 16, 20, 24, 32, 40, 48, 80, 94, 96, 141, 180, 192, 288
 def model_name(nvml_name: str, memory_mb: int) -> str:
     """The platform's model name (prices are keyed by it): "NVIDIA H100 80GB HBM3" -> "H100-80GB",
     "NVIDIA L4" with 23034 MiB -> "L4-24GB". Unrecognised names pass through without "NVIDIA "."""
-    name = nvml_name.removeprefix("NVIDIA ").strip()
+    name = nvml_name.removeprefix("NVIDIA ").removeprefix("Tesla ").strip()
     family = re.match(r"([A-Z]+\d+[A-Z]*)\b", name)
     if not family:
         return name

@@ -55,7 +55,9 @@ def test_inventory_and_versions(backend):
         ("NVIDIA A100-SXM4-80GB", 81920, "A100-80GB"),
         ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
         ("NVIDIA L4", 23034, "L4-24GB"),
-        ("Tesla T4", 15360, "Tesla T4"),
+        ("Tesla T4", 15360, "T4-16GB"),
+        ("Tesla V100-SXM2-32GB", 32768, "V100-32GB"),
+        ("NVIDIA GeForce RTX 4090", 24564, "GeForce RTX 4090"),
         ("NVIDIA H200", 143771, "H200-141GB"),
     ],
 )
