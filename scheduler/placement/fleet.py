@@ -135,8 +135,12 @@ class Fleet:
         return until is None or end_ms <= until
 
     def find_dedicated(self, request: Request, end_ms: float) -> tuple[NodeSlot, list[GpuSlot]] | None:
-        """Best fit: the node with the fewest idle GPUs (of one model) that still holds the gang."""
-        best: tuple[int, NodeSlot, list[GpuSlot]] | None = None
+        """Best fit: the node with the fewest idle GPUs (of one model) that still holds the gang.
+
+        When nodes track host CPU and memory, a node that would be left with idle
+        GPUs but too little CPU or memory to use them ("stranded") comes last.
+        """
+        best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
         need = request.count
         for model in self.models_for(request):
             buckets = self.idle_dedicated.buckets.get(model)
@@ -144,9 +148,9 @@ class Fleet:
                 continue
             per_node = self.idle_dedicated.gpus[model]
             for count in range(need, len(buckets)):
-                if best is not None and count >= best[0]:
+                if best is not None and (0, count) >= best[0]:
                     break
-                found = None
+                looked = 0
                 for node in buckets[count].values():
                     if not node.host_fits(request.cpu_milli, request.memory_mib):
                         continue
@@ -154,17 +158,19 @@ class Fleet:
                         g for g in per_node[node.name].values()
                         if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
                     ]
-                    if len(gpus) >= need:
-                        found = (count, node, gpus)
+                    if len(gpus) < need:
+                        continue
+                    key = (_strands(node, count - need, request), count)
+                    if best is None or key < best[0]:
+                        best = (key, node, gpus)
+                    looked += 1
+                    if key[0] == 0 or looked >= HOST_CANDIDATES:
                         break
-                if found:
-                    best = found
-                    break
-            if best is not None and best[0] == need:
+            if best is not None and best[0] == (0, need):
                 break
         if best is None:
             return None
-        _, node, gpus = best
+        node, gpus = best[1], best[2]
         gpus.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
         return node, gpus[:need]
 
@@ -197,25 +203,44 @@ class Fleet:
         return best[1] if best else None
 
     def _find_idle_for_slice(self, request: Request, end_ms: float) -> GpuSlot | None:
-        best: tuple[int, GpuSlot] | None = None
+        best: tuple[tuple, GpuSlot] | None = None
         for model in self.models_for(request):
             buckets = self.idle_shared.buckets.get(model)
             if not buckets:
                 continue
             per_node = self.idle_shared.gpus[model]
             for count in range(1, len(buckets)):
-                if best is not None and count >= best[0]:
+                if best is not None and (0, count) >= best[0]:
                     break
-                hit = None
+                looked = 0
                 for node in buckets[count].values():
                     gpus = sorted(per_node[node.name].values(), key=lambda g: g.reservation != SHARED_ONLY)
                     hit = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
-                    if hit is not None:
+                    if hit is None:
+                        continue
+                    key = (_strands(node, count - 1, request), count)
+                    if best is None or key < best[0]:
+                        best = (key, hit)
+                    looked += 1
+                    if key[0] == 0 or looked >= HOST_CANDIDATES:
                         break
-                if hit is not None:
-                    best = (count, hit)
-                    break
         return best[1] if best else None
+
+
+HOST_CANDIDATES = 8  # nodes of equal fit compared on host resources before settling
+
+
+def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
+    """1 if placing ``request`` leaves idle GPUs on ``node`` without the CPU or memory a GPU
+    of this kind of job needs (only when the node tracks host resources)."""
+    if not idle_left or not (node.cpu_milli or node.memory_mib):
+        return 0
+    per_gpu = max(1, request.count if not request.shared else 1)
+    cpu_left = node.cpu_milli - node.used_cpu_milli - request.cpu_milli
+    memory_left = node.memory_mib - node.used_memory_mib - request.memory_mib
+    if node.cpu_milli and cpu_left < idle_left * request.cpu_milli / per_gpu:
+        return 1
+    return int(bool(node.memory_mib) and memory_left < idle_left * request.memory_mib / per_gpu)
 
 
 def slice_memory(gpu: GpuSlot, request: Request) -> int:

@@ -206,3 +206,18 @@ def test_slice_preemption_frees_room_on_one_gpu():
     busy = [running(90, "n1", [0], share=500), running(91, "n1", [0], share=500, started=5)]
     result = plan(nodes, [shr(1, 250)], running=busy, policy=Policy(now_ms=10**6, may_preempt=PREEMPT))
     assert [p.victim_id for p in result.preemptions] == [91]  # ran less: cheaper
+
+
+def test_host_cpu_is_respected_and_gpus_are_not_stranded_without_cpu():
+    tight, roomy = node("tight", 2), node("roomy", 2)
+    tight.cpu_milli, roomy.cpu_milli = 8000, 64000
+    tight.memory_mib = roomy.memory_mib = 10**6
+    # On "tight", a 6-core job would leave 1 idle GPU with 2 cores: stranded for jobs like it.
+    result = plan([tight, roomy], [ded(1, 1, cpu_milli=6000), ded(2, 1, cpu_milli=40000)])
+    assert where(result)[1][0] == "roomy" and where(result)[2][0] == "roomy"
+    result = plan([node("small", 1)], [ded(3, 1, cpu_milli=1)])
+    assert 3 in where(result)  # host resources not tracked: no limit
+    small = node("small", 1)
+    small.cpu_milli = 1000
+    reason = plan([small], [ded(4, 1, cpu_milli=2000)]).pending[4]
+    assert reason == "no node has 1 GPUs for dedicated use (at most 0 on one node)"
