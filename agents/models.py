@@ -23,6 +23,8 @@ class Node(models.Model):
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     state_reason = models.CharField(max_length=200, blank=True)
+    # The operator's cordon/drain of a node that then went down, restored when it registers again.
+    state_before_down = models.CharField(max_length=16, choices=State.choices, blank=True)
 
     class Meta:
         ordering = ["name"]

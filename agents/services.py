@@ -64,8 +64,10 @@ def node_register(*, node: Node, info: dict) -> Node:
     node.backend = str(info.get("backend", ""))[:16]
     node.registered_at = node.last_heartbeat_at = timezone.now()
     if node.state in (Node.State.PENDING, Node.State.DOWN):
-        node.state = Node.State.UP
-        node.state_reason = ""
+        held = node.state_before_down in (Node.State.CORDONED, Node.State.DRAINING)
+        node.state = node.state_before_down if held else Node.State.UP
+        node.state_reason = f"{node.state_before_down} before it went down" if held else ""
+        node.state_before_down = ""
     node.save()
     _outages_close(node.gpus.all(), cause=GpuOutage.Cause.NODE_DOWN, at=node.registered_at)
     seen = set()
@@ -114,9 +116,11 @@ def node_down_check() -> list[str]:
             if locked.last_heartbeat_at >= cutoff or locked.state == Node.State.DOWN:
                 continue
             reason = f"node {node.name} missed {conf['MISSED_HEARTBEATS_DOWN']} heartbeats"
+            if locked.state in (Node.State.CORDONED, Node.State.DRAINING):
+                locked.state_before_down = locked.state
             locked.state = Node.State.DOWN
             locked.state_reason = reason
-            locked.save(update_fields=["state", "state_reason"])
+            locked.save(update_fields=["state", "state_reason", "state_before_down"])
             scheduler_services.node_jobs_lost(node=locked, reason=reason)
             now = timezone.now()
             for gpu in locked.gpus.all():

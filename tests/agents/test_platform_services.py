@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.utils import timezone
 
 from accounts.models import AuditLog
@@ -68,3 +70,19 @@ def test_a_cordoned_node_stays_cordoned_when_its_agent_registers_again(db):
     services.node_register(node=node, info=REGISTRATION)
     node.refresh_from_db()
     assert node.state == Node.State.CORDONED and node.state_reason == "maintenance"
+
+
+def test_a_cordoned_node_that_went_down_is_cordoned_again_when_it_registers(db, settings):
+    node, _ = _node(db)
+    services.node_cordon(node=node, reason="maintenance")
+    settings.GPUSHARE = {**settings.GPUSHARE, "HEARTBEAT_INTERVAL_S": 1, "MISSED_HEARTBEATS_DOWN": 1}
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=5))
+    assert services.node_down_check() == ["ga-svc"]
+    assert Node.objects.get(pk=node.pk).state == Node.State.DOWN
+    services.node_register(node=node, info=REGISTRATION)
+    assert Node.objects.get(pk=node.pk).state == Node.State.CORDONED  # the operator's cordon holds
+    services.node_uncordon(node=Node.objects.get(pk=node.pk))
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=5))
+    services.node_down_check()
+    services.node_register(node=node, info=REGISTRATION)
+    assert Node.objects.get(pk=node.pk).state == Node.State.UP
