@@ -63,8 +63,11 @@ def job_exited_task(
     at_ms: int,
     reason: str = "",
     lost: bool = False,
+    windows: list | None = None,
 ) -> None:
     if found := _node(node, token):
+        if windows:  # the job's last usage window: stored (idempotently) before the job ends
+            billing_services.usage_windows_ingest(node=found, windows=windows)
         scheduler_services.job_exited(
             node=found, job_id=job_id, attempt=attempt, exit_code=exit_code, at_ms=at_ms, reason=reason, lost=lost
         )

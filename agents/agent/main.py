@@ -331,8 +331,6 @@ class Agent:
             job.log_capture.join(timeout=2)
         meter = self.meters.pop(spec.job_id)
         window = meter.close(job.ended_ms)
-        if window is not None:
-            self.report("agents.usage", {"windows": [window.as_dict()]})
         self.ship_logs(job, everything=True)
         reason = job.stop_reason
         if job.log_capture is not None and job.log_capture.truncated:
@@ -346,6 +344,9 @@ class Agent:
                 "at_ms": job.ended_ms,
                 "reason": reason,
                 "lost": job.stop_lost,
+                # The last window travels with the exit, so the platform stores it
+                # before the job reads as finished (never a finished job missing cost).
+                "windows": [window.as_dict()] if window is not None else [],
             },
         )
         self.spool.job_forget(job_id=spec.job_id, attempt=spec.attempt)
