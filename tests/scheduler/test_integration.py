@@ -114,7 +114,7 @@ def test_backfill_starts_only_what_does_not_delay_the_head(platform, agent_facto
     agent_factory("node-1", gpus="sim:2xL4-24GB")
     tenant = TenantFactory(slug="acme")
     session = platform.session_for(tenant)
-    blocker = submit(platform, session, command=sleeper(6), max_runtime_seconds=40)
+    blocker = submit(platform, session, command=sleeper(10), max_runtime_seconds=60)
     wait_state(blocker, JobState.RUNNING)
     head = submit(platform, session, gpus=2, command=sleeper(1), max_runtime_seconds=60)
     long = submit(platform, session, command=sleeper(1), max_runtime_seconds=3600)
