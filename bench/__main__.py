@@ -109,8 +109,10 @@ def report_markdown(folder: Path) -> str:
         load = data.get("load_average_before")
         load_text = f", load average {load[0]:.1f} before" if load else ""
         kind = "quick" if data.get("quick") else "full"
-        out.append(f"### {data.get('name', path.stem)} ({kind} run at {data.get('at')}, "
-                   f"{data.get('seconds', 0):.0f} s{load_text})\n")
+        out.append(
+            f"### {data.get('name', path.stem)} ({kind} run at {data.get('at')}, "
+            f"{data.get('seconds', 0):.0f} s{load_text})\n"
+        )
         out.append(table_markdown(rows))
         out.append("")
     return "\n".join(out)
@@ -158,10 +160,15 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.monotonic() - started
             all_rows += rows
             payload = {
-                "name": name, "quick": args.quick, "seconds": elapsed, "machine": machine(),
-                "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                "name": name,
+                "quick": args.quick,
+                "seconds": elapsed,
+                "machine": machine(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "rows": [r.as_dict() for r in rows], "raw": raw,
+                "rows": [r.as_dict() for r in rows],
+                "raw": raw,
             }
             (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str))
             ctx.log(f"{name}: done in {elapsed:.0f}s\n{table_text(rows)}")

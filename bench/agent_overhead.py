@@ -47,8 +47,16 @@ def measure(ctx, stack, *, backend: str, seconds: float) -> dict:
         gpus, env = f"sim:{GPUS}xH100-80GB", {}
     else:
         gpus, env = "nvml", fake_nvml_env(ctx.workdir)
-    proc = stack.agent_start(name=f"agent-{backend}", node=node, token=token, gpus=gpus, sample_interval_s=1.0,
-                             window_s=10.0, heartbeat_s=5.0, env=env)
+    proc = stack.agent_start(
+        name=f"agent-{backend}",
+        node=node,
+        token=token,
+        gpus=gpus,
+        sample_interval_s=1.0,
+        window_s=10.0,
+        heartbeat_s=5.0,
+        env=env,
+    )
     session = stack.session()
     ids = []
     try:
@@ -67,18 +75,30 @@ def measure(ctx, stack, *, backend: str, seconds: float) -> dict:
         c1, t1 = cpu_seconds(pid), time.monotonic()
         core_share = (c1 - c0) / (t1 - t0)
         per_gpu_pct = core_share / GPUS * 100
-        ctx.log(f"  agent {backend}: {c1 - c0:.2f} CPU-s over {t1 - t0:.0f}s with {GPUS} jobs: "
-                f"{per_gpu_pct:.3f}% of a core per GPU")
-        return {"backend": backend, "cpu_s": c1 - c0, "wall_s": t1 - t0, "per_gpu_pct": per_gpu_pct,
-                "rss_mb": psutil.Process(pid).memory_info().rss / 2**20}
+        ctx.log(
+            f"  agent {backend}: {c1 - c0:.2f} CPU-s over {t1 - t0:.0f}s with {GPUS} jobs: "
+            f"{per_gpu_pct:.3f}% of a core per GPU"
+        )
+        return {
+            "backend": backend,
+            "cpu_s": c1 - c0,
+            "wall_s": t1 - t0,
+            "per_gpu_pct": per_gpu_pct,
+            "rss_mb": psutil.Process(pid).memory_info().rss / 2**20,
+        }
     finally:
         for job_id in ids:
             session.post(f"{stack.url}/api/v1/jobs/{job_id}/cancel/", timeout=30)
         stack.node_state_set("up")
         try:
             with scopes_disabled():
-                stack.wait(lambda: Job.objects.filter(pk__in=ids, state__in=[JobState.RUNNING, JobState.SCHEDULED])
-                           .count() == 0, 60, "the jobs to stop")
+                stack.wait(
+                    lambda: (
+                        Job.objects.filter(pk__in=ids, state__in=[JobState.RUNNING, JobState.SCHEDULED]).count() == 0
+                    ),
+                    60,
+                    "the jobs to stop",
+                )
         finally:
             proc.stop()
             stack.node_state_set("cordoned", node)
@@ -89,9 +109,17 @@ def run(ctx) -> tuple[list[Row], dict]:
     seconds = 10 if ctx.quick else 20
     results = {backend: measure(ctx, stack, backend=backend, seconds=seconds) for backend in ("sim", "fake-nvml")}
     rows = [
-        Row("agent", f"CPU per GPU, 1 Hz, {backend} backend", r["per_gpu_pct"], "% core", higher_is_better=False,
-            goal="< 1% of a core", goal_met=r["per_gpu_pct"] < 1.0, runs=1,
-            note=f"{GPUS} jobs running, {r['wall_s']:.0f}s, RSS {r['rss_mb']:.0f} MB")
+        Row(
+            "agent",
+            f"CPU per GPU, 1 Hz, {backend} backend",
+            r["per_gpu_pct"],
+            "% core",
+            higher_is_better=False,
+            goal="< 1% of a core",
+            goal_met=r["per_gpu_pct"] < 1.0,
+            runs=1,
+            note=f"{GPUS} jobs running, {r['wall_s']:.0f}s, RSS {r['rss_mb']:.0f} MB",
+        )
         for backend, r in results.items()
     ]
     return rows, results

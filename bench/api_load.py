@@ -61,9 +61,21 @@ def wrk_run(url: str, script_path, seconds: int) -> dict:
 
         raise RuntimeError("wrk is missing: apt-get install wrk")
     result = subprocess.run(
-        ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds}s", "--timeout", "10s", "--latency", "-s", str(script_path),
-         url],
-        capture_output=True, text=True, check=True,
+        [
+            "wrk",
+            "-t2",
+            f"-c{CONNECTIONS}",
+            f"-d{seconds}s",
+            "--timeout",
+            "10s",
+            "--latency",
+            "-s",
+            str(script_path),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     parsed = wrk_parse(result.stdout)
     parsed["raw"] = result.stdout
@@ -101,9 +113,11 @@ def run(ctx) -> tuple[list[Row], dict]:
                 script.write_text(wrk_script(method, stack.tenant_token, body))
                 res = wrk_run(url, script, seconds)
                 results[name].append(res)
-                ctx.log(f"  api run {i + 1} {name}: {res.get('rps', 0):.0f} req/s, p50 {res.get('p50_ms', 0):.0f} ms,"
-                        f" p99 {res.get('p99_ms', 0):.0f} ms, non-2xx {res['non_2xx']}, socket errors "
-                        f"{res['socket_errors']}")
+                ctx.log(
+                    f"  api run {i + 1} {name}: {res.get('rps', 0):.0f} req/s, p50 {res.get('p50_ms', 0):.0f} ms,"
+                    f" p99 {res.get('p99_ms', 0):.0f} ms, non-2xx {res['non_2xx']}, socket errors "
+                    f"{res['socket_errors']}"
+                )
             stack.jobs_cancel_queued()
     finally:
         stack.jobs_cancel_queued()
@@ -116,16 +130,54 @@ def run(ctx) -> tuple[list[Row], dict]:
         p99 = median(r["p99_ms"] for r in results[name])
         errors = sum(r["non_2xx"] + r["socket_errors"] for r in results[name])
         met = p99 < 100 and rps >= 0.3 * ceiling and errors == 0
-        rows.append(Row("api", f"{label}, {CONNECTIONS} conns", rps, "req/s", ceiling, "GET /api/v1/ (trivial)",
-                        goal="p99<100ms, >=30% ceiling", goal_met=met, runs=runs_n,
-                        note=f"errors {errors}"))
-        rows.append(Row("api", f"{label} p50", p50, "ms", median(r["p50_ms"] for r in results["ceiling"]),
-                        "GET /api/v1/", higher_is_better=False, runs=runs_n))
-        rows.append(Row("api", f"{label} p99", p99, "ms", median(r["p99_ms"] for r in results["ceiling"]),
-                        "GET /api/v1/", higher_is_better=False, goal="< 100 ms", goal_met=p99 < 100, runs=runs_n))
+        rows.append(
+            Row(
+                "api",
+                f"{label}, {CONNECTIONS} conns",
+                rps,
+                "req/s",
+                ceiling,
+                "GET /api/v1/ (trivial)",
+                goal="p99<100ms, >=30% ceiling",
+                goal_met=met,
+                runs=runs_n,
+                note=f"errors {errors}",
+            )
+        )
+        rows.append(
+            Row(
+                "api",
+                f"{label} p50",
+                p50,
+                "ms",
+                median(r["p50_ms"] for r in results["ceiling"]),
+                "GET /api/v1/",
+                higher_is_better=False,
+                runs=runs_n,
+            )
+        )
+        rows.append(
+            Row(
+                "api",
+                f"{label} p99",
+                p99,
+                "ms",
+                median(r["p99_ms"] for r in results["ceiling"]),
+                "GET /api/v1/",
+                higher_is_better=False,
+                goal="< 100 ms",
+                goal_met=p99 < 100,
+                runs=runs_n,
+            )
+        )
     for runs in results.values():
         for r in runs:
             r.pop("raw", None)
-    return rows, {"history_jobs": history, "seconds_per_run": seconds, "connections": CONNECTIONS,
-                  "web_workers": stack.config.web_workers, "web_threads": stack.config.web_threads,
-                  "results": results}
+    return rows, {
+        "history_jobs": history,
+        "seconds_per_run": seconds,
+        "connections": CONNECTIONS,
+        "web_workers": stack.config.web_workers,
+        "web_threads": stack.config.web_threads,
+        "results": results,
+    }

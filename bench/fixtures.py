@@ -32,16 +32,31 @@ def finished_jobs_create(
         for start in range(0, count, batch_size):
             jobs = Job.objects.bulk_create(
                 Job(
-                    tenant_id=owners[(start + i) % len(owners)], name=f"bench-{start + i}", kind="training",
+                    tenant_id=owners[(start + i) % len(owners)],
+                    name=f"bench-{start + i}",
+                    kind="training",
                     mode=JobMode.DEDICATED,
-                    gpu_milli=1000, command=["true"], priority=priority, max_runtime_s=3600,
-                    state=JobState.SUCCEEDED, node=node, attempt=1, started_at=now, finished_at=now, exit_code=0,
+                    gpu_milli=1000,
+                    command=["true"],
+                    priority=priority,
+                    max_runtime_s=3600,
+                    state=JobState.SUCCEEDED,
+                    node=node,
+                    attempt=1,
+                    started_at=now,
+                    finished_at=now,
+                    exit_code=0,
                 )
                 for i in range(min(batch_size, count - start))
             )
             Allocation.objects.bulk_create(
-                Allocation(tenant_id=job.tenant_id, job=job, gpu=gpus[(start + i) % len(gpus)], share_milli=1000,
-                           released_at=now)
+                Allocation(
+                    tenant_id=job.tenant_id,
+                    job=job,
+                    gpu=gpus[(start + i) % len(gpus)],
+                    share_milli=1000,
+                    released_at=now,
+                )
                 for i, job in enumerate(jobs)
             )
             ids += [job.pk for job in jobs]

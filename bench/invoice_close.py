@@ -51,8 +51,17 @@ def data_generate(ctx, stack, *, tenants: int, windows: int) -> dict:
         job_ids = finished_jobs_create(node_name=stack.config.node, count=tenants, tenant_ids=tenant_ids)
         node = Node.objects.get(name=stack.config.node)
         base = int(time.time() * 1000) - windows // tenants * 1000 - 3_600_000
-        template = {"job_id": job_ids[0], "attempt": 1, "seq": 0, "start_ms": base - 1000, "end_ms": base,
-                    "sm_util_ms": 400, "memory_avg_mb": 1000, "memory_peak_mb": 2000, "energy_mj": 300_000}
+        template = {
+            "job_id": job_ids[0],
+            "attempt": 1,
+            "seq": 0,
+            "start_ms": base - 1000,
+            "end_ms": base,
+            "sm_util_ms": 400,
+            "memory_avg_mb": 1000,
+            "memory_peak_mb": 2000,
+            "energy_mj": 300_000,
+        }
         result = usage_windows_ingest(node=node, windows=[template])
         if result.get("stored") != 1:
             raise RuntimeError(f"the template window was not stored: {result}")
@@ -67,20 +76,35 @@ def data_generate(ctx, stack, *, tenants: int, windows: int) -> dict:
         )
         wcols = columns(cur, "billing_usagewindow")
         seq = f"(g / {tenants} + 1)"
-        wsel = select_list(wcols, {
-            "tenant_id": "m.tenant_id", "job_id": "m.job_id", "seq": seq,
-            "start_ms": f"{base} + {seq} * 1000", "end_ms": f"{base} + {seq} * 1000 + 1000",
-        }, "t")
+        wsel = select_list(
+            wcols,
+            {
+                "tenant_id": "m.tenant_id",
+                "job_id": "m.job_id",
+                "seq": seq,
+                "start_ms": f"{base} + {seq} * 1000",
+                "end_ms": f"{base} + {seq} * 1000 + 1000",
+            },
+            "t",
+        )
         cur.execute(
             f"INSERT INTO billing_usagewindow ({', '.join(wcols)}) SELECT {wsel} FROM billing_usagewindow t "
             f"CROSS JOIN generate_series(0, %s) g JOIN bench_jobs m ON m.idx = g %% {tenants} WHERE t.id = %s",
             [windows - 2, window.pk],
         )
         ccols = columns(cur, "billing_charge")
-        csel = select_list(ccols, {
-            "tenant_id": "w.tenant_id", "window_id": "w.id", "job_id": "w.job_id", "start_ms": "w.start_ms",
-            "end_ms": "w.end_ms", "invoice_id": "NULL",
-        }, "c")
+        csel = select_list(
+            ccols,
+            {
+                "tenant_id": "w.tenant_id",
+                "window_id": "w.id",
+                "job_id": "w.job_id",
+                "start_ms": "w.start_ms",
+                "end_ms": "w.end_ms",
+                "invoice_id": "NULL",
+            },
+            "c",
+        )
         cur.execute(
             f"INSERT INTO billing_charge ({', '.join(ccols)}) SELECT {csel} FROM billing_charge c "
             "CROSS JOIN billing_usagewindow w JOIN bench_jobs m ON m.job_id = w.job_id "
@@ -122,17 +146,35 @@ def run(ctx) -> tuple[list[Row], dict]:
     invoices = invoices_close_month(month=month)
     close_s = time.perf_counter() - t0
     with scopes_disabled():
-        exact = sum(InvoiceLine.objects.filter(invoice__in=invoices).values_list("exact_amount", flat=True),
-                    Decimal(0))
+        exact = sum(InvoiceLine.objects.filter(invoice__in=invoices).values_list("exact_amount", flat=True), Decimal(0))
         closed = Invoice.objects.filter(month=month).count()
     if exact != expected_total or len(invoices) != len({g[0] for g in groups}):
-        raise RuntimeError(f"invoices disagree with the raw query: {exact} vs {expected_total}, "
-                           f"{len(invoices)} invoices for {len({g[0] for g in groups})} tenants")
+        raise RuntimeError(
+            f"invoices disagree with the raw query: {exact} vs {expected_total}, "
+            f"{len(invoices)} invoices for {len({g[0] for g in groups})} tenants"
+        )
     ctx.log(f"  invoice: invoices_close_month {close_s:.1f}s for {closed} invoices")
     rows = [
-        Row("invoice", f"close month: {tenants:,} tenants, {windows:,} windows", close_s, "s", raw_s,
-            "one GROUP BY query", higher_is_better=False, goal="<= 2x raw query", goal_met=close_s <= 2 * raw_s,
-            runs=1, note="close also writes lines and marks every charge invoiced"),
+        Row(
+            "invoice",
+            f"close month: {tenants:,} tenants, {windows:,} windows",
+            close_s,
+            "s",
+            raw_s,
+            "one GROUP BY query",
+            higher_is_better=False,
+            goal="<= 2x raw query",
+            goal_met=close_s <= 2 * raw_s,
+            runs=1,
+            note="close also writes lines and marks every charge invoiced",
+        ),
     ]
-    return rows, {"tenants": tenants, "windows": windows, "raw_s": raw_runs, "close_s": close_s,
-                  "invoices": closed, "generate_s": data["generate_s"], "lines": len(groups)}
+    return rows, {
+        "tenants": tenants,
+        "windows": windows,
+        "raw_s": raw_runs,
+        "close_s": close_s,
+        "invoices": closed,
+        "generate_s": data["generate_s"],
+        "lines": len(groups),
+    }

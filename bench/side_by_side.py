@@ -169,23 +169,58 @@ def rows_for(ours: dict, slurm: dict[str, dict]) -> list[Row]:
         for c in CLIENTS:
             key = f"submit_{c}c_per_s"
             rows.append(
-                Row("vs-slurm", f"submit, {c} client{'s' if c > 1 else ''}", ours[key], "jobs/s", theirs[key], ref,
-                    goal=">= Slurm", goal_met=ours[key] >= best_submit[c], runs=1,
-                    note=f"{ours['n']} submissions")
+                Row(
+                    "vs-slurm",
+                    f"submit, {c} client{'s' if c > 1 else ''}",
+                    ours[key],
+                    "jobs/s",
+                    theirs[key],
+                    ref,
+                    goal=">= Slurm",
+                    goal_met=ours[key] >= best_submit[c],
+                    runs=1,
+                    note=f"{ours['n']} submissions",
+                )
             )
         rows.append(
-            Row("vs-slurm", "idle submit->running p50", ours["latency_p50_s"], "s", theirs["latency_p50_s"], ref,
-                higher_is_better=False, goal="<= 0.5 s", goal_met=ours["latency_p50_s"] <= 0.5,
-                runs=len(ours["latency_s"]))
+            Row(
+                "vs-slurm",
+                "idle submit->running p50",
+                ours["latency_p50_s"],
+                "s",
+                theirs["latency_p50_s"],
+                ref,
+                higher_is_better=False,
+                goal="<= 0.5 s",
+                goal_met=ours["latency_p50_s"] <= 0.5,
+                runs=len(ours["latency_s"]),
+            )
         )
         rows.append(
-            Row("vs-slurm", "idle submit->running p95", ours["latency_p95_s"], "s", theirs["latency_p95_s"], ref,
-                higher_is_better=False, runs=len(ours["latency_s"]))
+            Row(
+                "vs-slurm",
+                "idle submit->running p95",
+                ours["latency_p95_s"],
+                "s",
+                theirs["latency_p95_s"],
+                ref,
+                higher_is_better=False,
+                runs=len(ours["latency_s"]),
+            )
         )
         tuned = slurm.get("tuned", theirs)
         rows.append(
-            Row("vs-slurm", f"drain {ours['n']} held jobs", ours["drain_per_s"], "jobs/s", theirs["drain_per_s"], ref,
-                goal=">= tuned Slurm", goal_met=ours["drain_per_s"] >= tuned["drain_per_s"], runs=1)
+            Row(
+                "vs-slurm",
+                f"drain {ours['n']} held jobs",
+                ours["drain_per_s"],
+                "jobs/s",
+                theirs["drain_per_s"],
+                ref,
+                goal=">= tuned Slurm",
+                goal_met=ours["drain_per_s"] >= tuned["drain_per_s"],
+                runs=1,
+            )
         )
     return rows
 
@@ -203,14 +238,16 @@ def run(ctx) -> tuple[list[Row], dict]:
         for profile in ("defaults", "tuned"):
             ctx.log(f"vs-slurm: slurm {profile}")
             cluster.start(profile)
-            results["slurm"][profile] = measure(Theirs(cluster, profile), n=n, latency_n=latency_n,
-                                                stamp_dir=stamp_dir, drain_timeout=300, log=ctx.log)
+            results["slurm"][profile] = measure(
+                Theirs(cluster, profile), n=n, latency_n=latency_n, stamp_dir=stamp_dir, drain_timeout=300, log=ctx.log
+            )
             cluster.stop()
     finally:
         cluster.stop_all()
     ctx.log("vs-slurm: gpushare")
-    results["ours"] = measure(Ours(ctx.stack()), n=n, latency_n=latency_n, stamp_dir=stamp_dir,
-                              drain_timeout=300, log=ctx.log)
+    results["ours"] = measure(
+        Ours(ctx.stack()), n=n, latency_n=latency_n, stamp_dir=stamp_dir, drain_timeout=300, log=ctx.log
+    )
     return rows_for(results["ours"], results["slurm"]), results
 
 

@@ -50,7 +50,9 @@ def slurm_install() -> None:
         for _ in range(30):  # another apt may hold the lock for a while
             result = subprocess.run(
                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-                env=env, capture_output=True, text=True,
+                env=env,
+                capture_output=True,
+                text=True,
             )
             if result.returncode == 0:
                 return
@@ -225,9 +227,15 @@ class SlurmCluster:
             self._spawn(
                 "munged",
                 [
-                    "munged", "-F", "-f", f"--socket={self.paths.munge_socket}", f"--key-file={self.paths.munge_key}",
-                    f"--pid-file={r / 'munge' / 'munged.pid'}", f"--log-file={r / 'log' / 'munged.log'}",
-                    f"--seed-file={r / 'munge' / 'munged.seed'}", "--num-threads=4",
+                    "munged",
+                    "-F",
+                    "-f",
+                    f"--socket={self.paths.munge_socket}",
+                    f"--key-file={self.paths.munge_key}",
+                    f"--pid-file={r / 'munge' / 'munged.pid'}",
+                    f"--log-file={r / 'log' / 'munged.log'}",
+                    f"--seed-file={r / 'munge' / 'munged.seed'}",
+                    "--num-threads=4",
                 ],
             )
             self._wait(lambda: self.paths.munge_socket.exists(), 20, "munged socket")

@@ -92,8 +92,11 @@ def database_recreate(database_url: str) -> None:
     if "bench" not in name and "chaos" not in name:
         raise StackError(f"refusing to drop database {name!r}: its name must contain 'bench' or 'chaos'")
     conn = psycopg2.connect(
-        host=url.hostname or "127.0.0.1", port=url.port or 5432, user=url.username or "postgres",
-        password=url.password, dbname="postgres",
+        host=url.hostname or "127.0.0.1",
+        port=url.port or 5432,
+        user=url.username or "postgres",
+        password=url.password,
+        dbname="postgres",
     )
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -215,8 +218,20 @@ class Stack:
         self._proc(
             "web",
             [
-                str(BIN / "gunicorn"), "gpushare.wsgi", "-b", f"127.0.0.1:{self.port}", "-w", str(c.web_workers),
-                "-k", "gthread", "--threads", str(c.web_threads), "--backlog", "2048", "--log-level", "warning",
+                str(BIN / "gunicorn"),
+                "gpushare.wsgi",
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "-w",
+                str(c.web_workers),
+                "-k",
+                "gthread",
+                "--threads",
+                str(c.web_threads),
+                "--backlog",
+                "2048",
+                "--log-level",
+                "warning",
             ],
         ).start()
         self.wait(lambda: self._http_ok(), 60, "gunicorn to answer", "web")
@@ -230,9 +245,23 @@ class Stack:
     def worker_start(self, name: str = "worker", *, beat: bool = True) -> Proc:
         c = self.config
         argv = [
-            str(BIN / "celery"), "-A", "gpushare", "worker", "-Q", "platform", "-c", str(c.worker_concurrency),
-            "--prefetch-multiplier", str(c.worker_prefetch), "-l", "info", "-n", f"{name}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            str(BIN / "celery"),
+            "-A",
+            "gpushare",
+            "worker",
+            "-Q",
+            "platform",
+            "-c",
+            str(c.worker_concurrency),
+            "--prefetch-multiplier",
+            str(c.worker_prefetch),
+            "-l",
+            "info",
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ]
         if beat:
             argv += ["-B", "-s", str(self.workdir / "celerybeat-schedule")]
@@ -243,15 +272,37 @@ class Stack:
     def agent_argv(self, *, broker_url: str | None = None, extra: tuple[str, ...] = (), **override) -> list[str]:
         """The agent's command line; ``override`` replaces node, token, gpus, sample_interval_s, window_s..."""
         c = {
-            "node": self.config.node, "token": self.node_token, "gpus": self.config.gpus,
-            "sample_interval_s": self.config.sample_interval_s, "window_s": self.config.window_s,
-            "heartbeat_s": self.config.heartbeat_s, **override,
+            "node": self.config.node,
+            "token": self.node_token,
+            "gpus": self.config.gpus,
+            "sample_interval_s": self.config.sample_interval_s,
+            "window_s": self.config.window_s,
+            "heartbeat_s": self.config.heartbeat_s,
+            **override,
         }
         return [
-            sys.executable, "-m", "agents", "--node", c["node"], "--token", c["token"],
-            "--broker", broker_url or self.config.redis_url, "--var-dir", str(self.var_dir / "agent"),
-            "--gpus", c["gpus"], "--sample-interval", str(c["sample_interval_s"]), "--window", str(c["window_s"]),
-            "--heartbeat", str(c["heartbeat_s"]), "--log-level", "WARNING", *extra,
+            sys.executable,
+            "-m",
+            "agents",
+            "--node",
+            c["node"],
+            "--token",
+            c["token"],
+            "--broker",
+            broker_url or self.config.redis_url,
+            "--var-dir",
+            str(self.var_dir / "agent"),
+            "--gpus",
+            c["gpus"],
+            "--sample-interval",
+            str(c["sample_interval_s"]),
+            "--window",
+            str(c["window_s"]),
+            "--heartbeat",
+            str(c["heartbeat_s"]),
+            "--log-level",
+            "WARNING",
+            *extra,
         ]
 
     def agent_env(self, extra: dict | None = None) -> dict:
@@ -261,8 +312,14 @@ class Stack:
         return env
 
     def agent_start(
-        self, *, name: str = "agent", broker_url: str | None = None, extra: tuple[str, ...] = (), wait: bool = True,
-        env: dict | None = None, **override,
+        self,
+        *,
+        name: str = "agent",
+        broker_url: str | None = None,
+        extra: tuple[str, ...] = (),
+        wait: bool = True,
+        env: dict | None = None,
+        **override,
     ) -> Proc:
         node = override.get("node", self.config.node)
         argv = self.agent_argv(broker_url=broker_url, extra=extra, **override)

@@ -45,13 +45,21 @@ class Checks:
         return bool(self.results) and all(self.results.values())
 
 
-def stack_start(ctx, name: str, *, gpus: str = "sim:4xH100-80GB", env: dict | None = None, agent: bool = True,
-                agent_kwargs: dict | None = None) -> Stack:
+def stack_start(
+    ctx,
+    name: str,
+    *,
+    gpus: str = "sim:4xH100-80GB",
+    env: dict | None = None,
+    agent: bool = True,
+    agent_kwargs: dict | None = None,
+) -> Stack:
     from django.db import connections
 
     connections.close_all()  # the database is about to be dropped and created again
-    config = StackConfig(database_url=CHAOS_DATABASE_URL, redis_url=CHAOS_REDIS_URL, gpus=gpus,
-                         extra_env=dict(env or {}))
+    config = StackConfig(
+        database_url=CHAOS_DATABASE_URL, redis_url=CHAOS_REDIS_URL, gpus=gpus, extra_env=dict(env or {})
+    )
     stack = Stack(ctx.workdir / name, config)
     ctx.stacks.append(stack)
     stack.prepare()
@@ -169,8 +177,11 @@ def agent_kill9(ctx) -> CaseResult:
     """kill -9 the agent while jobs run: lost within the heartbeat timeout, GPUs freed,
     billing stops at the last window, and a restarted agent reconciles."""
     hb, missed, check_every = 1, 3, 5
-    stack = stack_start(ctx, "agent-kill9", env={"GPUSHARE_HEARTBEAT_INTERVAL_S": str(hb),
-                                                 "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(missed)})
+    stack = stack_start(
+        ctx,
+        "agent-kill9",
+        env={"GPUSHARE_HEARTBEAT_INTERVAL_S": str(hb), "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(missed)},
+    )
     from django_scopes import scopes_disabled
 
     from scheduler.models import Allocation, JobEvent
@@ -186,6 +197,7 @@ def agent_kill9(ctx) -> CaseResult:
     agent.proc.wait(timeout=10)
     bound = hb * missed + check_every + 5
     with scopes_disabled():
+
         def all_lost():
             return JobEvent.objects.filter(job_id__in=ids, to_state="lost").values("job_id").distinct().count() == 4
 
@@ -226,8 +238,12 @@ def broker_cut(ctx) -> CaseResult:
 
     cut_s = 20 if ctx.quick else 60
     # The node must not be declared down during the cut: heartbeats 1 s, down after cut + 40 s.
-    stack = stack_start(ctx, "broker-cut", agent=False,
-                        env={"GPUSHARE_HEARTBEAT_INTERVAL_S": "1", "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(cut_s + 40)})
+    stack = stack_start(
+        ctx,
+        "broker-cut",
+        agent=False,
+        env={"GPUSHARE_HEARTBEAT_INTERVAL_S": "1", "GPUSHARE_MISSED_HEARTBEATS_DOWN": str(cut_s + 40)},
+    )
     url = urlparse(stack.config.redis_url)
     proxy = CuttableProxy(url.hostname or "127.0.0.1", url.port or 6379)
     c, f = Checks(), {"cut_s": cut_s}
@@ -245,6 +261,7 @@ def broker_cut(ctx) -> CaseResult:
         f["refused_connects"] = proxy.refused
         f["windows_before_cut"], f["windows_arrived_during_cut"] = before, during - before
         c("jobs kept running through the cut", set(states(ids).values()) == {"running"})
+
         # Caught up: every job's latest stored window ends within a few windows of now.
         def caught_up() -> bool:
             now_ms = time.time() * 1000
@@ -380,8 +397,10 @@ def db_connections_killed(ctx) -> CaseResult:
         session.get(f"{stack.url}/api/v1/jobs/", timeout=30)
     time.sleep(2)
     with connection.cursor() as cur:
-        cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         f["connections_killed"] = cur.fetchone()[0]
     statuses = [session.get(f"{stack.url}/api/v1/jobs/", timeout=30).status_code for _ in range(20)]
     f["errors_after_kill"] = sum(1 for s in statuses if s >= 500)
@@ -418,8 +437,11 @@ def quota_burst(ctx) -> CaseResult:
 
     def held() -> int:
         with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM scheduler_allocation WHERE released_at IS NULL AND share_milli = 1000 "
-                        "AND tenant_id = %s", [stack.tenant_id])
+            cur.execute(
+                "SELECT count(*) FROM scheduler_allocation WHERE released_at IS NULL AND share_milli = 1000 "
+                "AND tenant_id = %s",
+                [stack.tenant_id],
+            )
             return cur.fetchone()[0]
 
     def watch():
@@ -468,8 +490,9 @@ def job_containment(ctx) -> CaseResult:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("SELECT COALESCE(SUM(length(data)), 0) FROM scheduler_joblogchunk WHERE job_id = %s",
-                    [ids["fills_log"]])
+        cur.execute(
+            "SELECT COALESCE(SUM(length(data)), 0) FROM scheduler_joblogchunk WHERE job_id = %s", [ids["fills_log"]]
+        )
         f["log_bytes_stored"] = cur.fetchone()[0]
     cancel_all(stack, ids.values())
     t0 = time.monotonic()
@@ -518,8 +541,12 @@ def _stripe_outage(ctx) -> CaseResult:
     stack = stack_start(ctx, "stripe-outage")
     c, f = Checks(), {}
     port = free_port()
-    stripe_proc = Proc("localstripe", [sys.executable, "-m", "localstripe", "--port", str(port), "--from-scratch"],
-                       dict(os.environ), stack.workdir / "localstripe.log").start()
+    stripe_proc = Proc(
+        "localstripe",
+        [sys.executable, "-m", "localstripe", "--port", str(port), "--from-scratch"],
+        dict(os.environ),
+        stack.workdir / "localstripe.log",
+    ).start()
     stack.procs["localstripe"] = stripe_proc
     base = f"http://127.0.0.1:{port}"
 
@@ -536,11 +563,19 @@ def _stripe_outage(ctx) -> CaseResult:
 
         job_id = finished_jobs_create(tenant_id=stack.tenant_id, node_name=stack.config.node, count=1)[0]
         start = int(time.time() * 1000) - 600_000
-        usage_windows_ingest(node=Node.objects.get(name=stack.config.node), windows=[
-            {"job_id": job_id, "attempt": 1, "seq": i, "start_ms": start + i * 10_000,
-             "end_ms": start + (i + 1) * 10_000}
-            for i in range(10)
-        ])
+        usage_windows_ingest(
+            node=Node.objects.get(name=stack.config.node),
+            windows=[
+                {
+                    "job_id": job_id,
+                    "attempt": 1,
+                    "seq": i,
+                    "start_ms": start + i * 10_000,
+                    "end_ms": start + (i + 1) * 10_000,
+                }
+                for i in range(10)
+            ],
+        )
         with scopes_disabled():
             from billing.models import Charge
 
@@ -564,15 +599,24 @@ def _stripe_outage(ctx) -> CaseResult:
         f["invoice_state"] = invoice.state
         auth = ("sk_test_local", "")
         customer = invoice.stripe_customer_id
-        remote_invoices = requests.get(f"{base}/v1/invoices", params={"customer": customer}, auth=auth,
-                                       timeout=10).json().get("data", [])
-        ours = [i for i in remote_invoices if str(i.get("metadata", {}).get("invoice_id", "")) == str(invoice.pk)
-                or i.get("id") == invoice.stripe_invoice_id]
+        remote_invoices = (
+            requests.get(f"{base}/v1/invoices", params={"customer": customer}, auth=auth, timeout=10)
+            .json()
+            .get("data", [])
+        )
+        ours = [
+            i
+            for i in remote_invoices
+            if str(i.get("metadata", {}).get("invoice_id", "")) == str(invoice.pk)
+            or i.get("id") == invoice.stripe_invoice_id
+        ]
         # The invoice's own lines at Stripe, less localstripe's $0 subscription line.
         items = [x for i in ours for x in i.get("lines", {}).get("data", []) if x.get("amount")]
         f["stripe_invoices"], f["stripe_items"], f["lines"] = len(ours), len(items), lines
-        c("failures while Stripe is down or 500 are transient (retryable)",
-          all(o == "transient=True" for m, o in outcomes if m != "up"))
+        c(
+            "failures while Stripe is down or 500 are transient (retryable)",
+            all(o == "transient=True" for m, o in outcomes if m != "up"),
+        )
         c("sent once Stripe is back", outcomes[-1][1] == "sent" and invoice.state != "draft")
         c("exactly one invoice at Stripe", len(ours) == 1)
         c("exactly one item per line at Stripe", len(items) == lines)

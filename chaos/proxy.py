@@ -63,7 +63,8 @@ class CuttableProxy:
             body = b'{"error": {"message": "chaos: upstream answered 500", "type": "api_error"}}'
             client.sendall(
                 b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
             )
         except OSError:
             pass

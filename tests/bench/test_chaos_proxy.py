@@ -20,8 +20,9 @@ def echo_server():
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=lambda c=conn: [c.sendall(d) for d in iter(lambda: c.recv(1024), b"")],
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda c=conn: [c.sendall(d) for d in iter(lambda: c.recv(1024), b"")], daemon=True
+            ).start()
 
     threading.Thread(target=serve, daemon=True).start()
     yield server.getsockname()[1]

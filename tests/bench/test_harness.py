@@ -181,13 +181,23 @@ def test_report_renders_stored_results(tmp_path):
     from bench.__main__ import report_markdown
 
     row = Row("ingest", "windows/s", 1500.0, "win/s", 9000.0, "COPY", goal="x", goal_met=False, runs=3)
-    (tmp_path / "ingest.json").write_text(json.dumps(
-        {"name": "ingest", "quick": False, "at": "2026-11-29T17:00:00Z", "seconds": 80,
-         "load_average_before": [6.5, 6, 5], "rows": [row.as_dict()]}
-    ))
-    (tmp_path / "chaos.json").write_text(json.dumps(
-        [{"name": "agent kill -9", "passed": True, "figures": {"lost_after_s": 4.5}, "checks": {}, "error": ""}]
-    ))
+    (tmp_path / "ingest.json").write_text(
+        json.dumps(
+            {
+                "name": "ingest",
+                "quick": False,
+                "at": "2026-11-29T17:00:00Z",
+                "seconds": 80,
+                "load_average_before": [6.5, 6, 5],
+                "rows": [row.as_dict()],
+            }
+        )
+    )
+    (tmp_path / "chaos.json").write_text(
+        json.dumps(
+            [{"name": "agent kill -9", "passed": True, "figures": {"lost_after_s": 4.5}, "checks": {}, "error": ""}]
+        )
+    )
     text = report_markdown(tmp_path)
     assert "### ingest (full run at 2026-11-29T17:00:00Z, 80 s, load average 6.5 before)" in text
     assert "| ingest | windows/s | 1,500 win/s | 9,000 win/s | COPY | 0.17x | x | NO | 3 |" in text
