@@ -335,15 +335,21 @@ def worker_kill_ingest(ctx) -> CaseResult:
 
 
 def worker_kill_pass(ctx) -> CaseResult:
-    """kill -9 the Celery worker during a scheduling pass: no double placement, nothing stuck."""
+    """kill -9 the Celery worker during a scheduling pass: no double placement, nothing stuck.
+
+    The kill has to land inside a pass (or between its commit and its launch
+    messages) to matter, so the case does it several times, each time at a
+    different delay after the pass was requested.
+    """
+    from django.db import connections
+
     from bench.workload import api_body, workload
 
     stack = stack_start(ctx, "worker-kill-pass", gpus="sim:8xH100-80GB")
-    c, f = Checks(), {}
-    stack.node_state_set("cordoned")
+    c, f = Checks(), {"rounds": []}
     session = stack.session()
-    n = 60 if ctx.quick else 150
-    ids = [submit(stack, api_body(milli, "sleep 1"), session) for milli in workload(n)]
+    per_round = 40 if ctx.quick else 60
+    delays = (0.1, 0.3) if ctx.quick else (0.1, 0.25, 0.4)
     violations = []
     stop = threading.Event()
 
@@ -353,30 +359,35 @@ def worker_kill_pass(ctx) -> CaseResult:
             if not ok:
                 violations.append(time.monotonic())
             time.sleep(0.2)
+        connections.close_all()
 
-    from django.db import connections
-
-    watcher = threading.Thread(target=lambda: (watch(), connections.close_all()), daemon=True)
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    stack.node_state_set("up")
-    stack.schedule_pass_request()
-    time.sleep(0.3)
-    stack.procs["worker"].kill()
-    f["placed_at_kill"] = sum(1 for s in states(ids).values() if s != "queued")
-    stack.worker_start("worker2")
+    ids: list[int] = []
+    worker = "worker"
+    for i, delay in enumerate(delays):
+        stack.node_state_set("cordoned")
+        batch = [submit(stack, api_body(milli, "sleep 1"), session) for milli in workload(per_round)]
+        ids += batch
+        stack.node_state_set("up")
+        stack.schedule_pass_request()
+        time.sleep(delay)
+        stack.procs[worker].kill()
+        placed = sum(1 for s in states(batch).values() if s != "queued")
+        f["rounds"].append({"kill_after_s": delay, "placed_at_kill": placed})
+        worker = f"worker{i + 2}"
+        stack.worker_start(worker)
     t0 = time.monotonic()
-    try:
-        stack.wait(lambda: all(s in TERMINAL for s in states(ids).values()), 90, "every job finished")
-        f["all_finished_s"] = time.monotonic() - t0
-    except Exception:  # noqa: BLE001
-        f["all_finished_s"] = None
+    finished = eventually(stack, lambda: all(s in TERMINAL for s in states(ids).values()), 90, "every job finished")
+    f["all_finished_s"] = time.monotonic() - t0 if finished else None
     stop.set()
     watcher.join(timeout=5)
-    final = states(ids)
-    f["stuck"] = {s: n for s in ("queued", "scheduled", "running") if (n := list(final.values()).count(s))}
-    f["succeeded"] = list(final.values()).count("succeeded")
+    final = list(states(ids).values())
+    f["jobs"] = len(ids)
+    f["stuck"] = {s: n for s in ("queued", "scheduled", "running") if (n := final.count(s))}
+    f["succeeded"] = final.count("succeeded")
     c("no GPU ever over-committed", not violations)
-    c("every job finished (none stuck scheduled)", f["all_finished_s"] is not None)
+    c("every job finished (none stuck scheduled)", finished)
     c("every job succeeded once", f["succeeded"] == len(ids))
     return CaseResult("worker kill -9 during a pass", c.passed, f, c.results)
 
