@@ -11,7 +11,9 @@ from .selectors import month_parse
 from .services import invoices, payments
 
 
-@shared_task(name="billing.close_month", ignore_result=True)
+# Long by nature: may outlive the broker's visibility timeout and be delivered
+# again; closes are idempotent and serialised per tenant, so that is harmless.
+@shared_task(name="billing.close_month", ignore_result=True, time_limit=3600, soft_time_limit=3500)
 def close_month_task(*, month: str = "") -> int:
     """Close ``month`` (YYYY-MM; default: the month before now), then send each new invoice to Stripe."""
     first_day = month_parse(month) if month else rating.month_to_close(now_ms=int(timezone.now().timestamp() * 1000))

@@ -291,29 +291,62 @@ def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tup
         "estimated_start_at": "timestamptz", "attempt": "integer", "isolation": "varchar",
     })
     rows_insert(JobEvent, ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"), events)
-    by_id = {d.job_id: d for d in placements}
-    messages = []
-    launch_rows = Job.objects.filter(pk__in=list(by_id)).values_list(
+    messages = launch_messages([d.job_id for d in placements])
+    transaction.on_commit(lambda: nodes_send(messages))
+
+
+def launch_messages(job_ids: list[int]) -> list[tuple[str, str, dict]]:
+    """The ``agent.launch`` message of each placed job, from its active allocations."""
+    uuids: dict[int, list[str]] = {}
+    shares: dict[int, int] = {}
+    for job_id, uuid, share in (
+        Allocation.objects.filter(job_id__in=job_ids, released_at__isnull=True)
+        .order_by("job_id", "gpu__index")
+        .values_list("job_id", "gpu__uuid", "share_milli")
+    ):
+        uuids.setdefault(job_id, []).append(uuid)
+        shares[job_id] = share
+    rows = Job.objects.filter(pk__in=list(uuids)).values_list(
         "id", "attempt", "tenant__slug", "command", "env", "image", "mode", "max_runtime_s",
-        "priority__grace_period_s",
+        "priority__grace_period_s", "node__name",
     )
     default_grace = settings.GPUSHARE["STOP_GRACE_S"]
-    for job_id, attempt, slug, command, env, image, mode, max_runtime_s, grace in launch_rows:
-        decision = by_id[job_id]
-        messages.append((decision.node, "agent.launch", {
+    return [
+        (node, "agent.launch", {
             "job_id": job_id,
             "attempt": attempt,
             "tenant": slug,
             "command": command,
             "env": env,
             "image": image,
-            "gpu_uuids": list(decision.gpu_uuids),
-            "share_milli": decision.share_milli,
+            "gpu_uuids": uuids[job_id],
+            "share_milli": shares[job_id],
             "mode": mode,
             "max_runtime_s": max_runtime_s,
             "grace_s": grace or default_grace,
-        }))
-    transaction.on_commit(lambda: nodes_send(messages))
+        })
+        for job_id, attempt, slug, command, env, image, mode, max_runtime_s, grace, node in rows
+    ]  # fmt: skip
+
+
+def launches_resend(*, older_than_s: int = 30, now=None) -> int:
+    """Send ``agent.launch`` again for jobs placed a while ago that never reported a start.
+
+    Launches go out after the pass commits; a worker that dies in between
+    leaves the job ``scheduled`` with no message on its way. The agent ignores
+    a launch for an attempt it runs or already ran, so sending twice is safe.
+    """
+    cutoff = (now or timezone.now()) - timedelta(seconds=older_than_s)
+    with scopes_disabled():
+        stuck = list(
+            Job.objects.filter(state=JobState.SCHEDULED, scheduled_at__lt=cutoff, node__state=Node.State.UP)
+            .values_list("pk", flat=True)[:1000]
+        )
+        messages = launch_messages(stuck)
+    if messages:
+        log.warning("re-sending the launch of %d job(s) placed over %d s ago", len(messages), older_than_s)
+        nodes_send(messages)
+    return len(messages)
 
 
 def rows_insert(model, columns: tuple[str, ...], rows: list[tuple]) -> None:

@@ -10,3 +10,8 @@ def schedule_pass_task() -> dict:
     passes.pass_flag_clear()
     result = services.schedule_pass()
     return {"placed": result.placed, "pending": result.pending}
+
+
+@shared_task(name="scheduler.launches_resend", ignore_result=True)
+def launches_resend_task() -> int:
+    return passes.launches_resend()

@@ -10,6 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 PLATFORM_QUEUE = "platform"
+# Redis: a message taken by a worker that then dies (kill -9) comes back after
+# this long. Every platform task is idempotent and bounded well below it
+# (CELERY_TASK_TIME_LIMIT), so a short timeout only speeds up recovery.
+VISIBILITY_TIMEOUT_S = 120
 
 
 def node_queue(node_name: str) -> str:
@@ -35,5 +39,5 @@ def broker_options(url: str, var_dir: Path) -> tuple[str, dict]:
             "store_processed": False,
         }
     if url.startswith(("redis://", "rediss://")):
-        return url, {"socket_connect_timeout": 2, "socket_timeout": 5, "visibility_timeout": 3600}
+        return url, {"socket_connect_timeout": 2, "socket_timeout": 5, "visibility_timeout": VISIBILITY_TIMEOUT_S}
     return url, {}

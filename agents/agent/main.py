@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 
 from . import __version__
 from .brokerconf import broker_options
@@ -43,6 +44,9 @@ class Agent:
         self.spool = spool
         self.gpus = {g.uuid: g for g in backend.inventory()}
         self.jobs: dict[int, RunningJob] = {}
+        # Attempts this agent ran to the end: a launch sent again (the platform
+        # re-sends launches that never reported a start) must not run them twice.
+        self.finished: deque[tuple[int, int]] = deque(maxlen=10_000)
         self.meters: dict[int, JobMeter] = {}
         self.energy_prev: dict[str, int] = {}
         self.stopping = False
@@ -225,6 +229,9 @@ class Agent:
     # --- jobs --------------------------------------------------------------
 
     def job_launch(self, spec: LaunchSpec) -> None:
+        if (spec.job_id, spec.attempt) in self.finished:
+            log.info("job %s attempt %s already ran here; launch ignored", spec.job_id, spec.attempt)
+            return
         current = self.jobs.get(spec.job_id)
         if current is not None:
             if current.spec.attempt == spec.attempt:
@@ -327,6 +334,7 @@ class Agent:
 
     def job_finish(self, job: RunningJob) -> None:
         spec = job.spec
+        self.finished.append((spec.job_id, spec.attempt))
         if job.log_capture is not None:
             job.log_capture.join(timeout=2)
         meter = self.meters.pop(spec.job_id)

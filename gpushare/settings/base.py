@@ -196,8 +196,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
-CELERY_TASK_TIME_LIMIT = 300
-CELERY_TASK_SOFT_TIME_LIMIT = 240
+# Below the Redis visibility timeout (agents/agent/brokerconf.py, 120 s), so a
+# task is never delivered twice while it still runs; longer tasks say so.
+CELERY_TASK_TIME_LIMIT = 110
+CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
@@ -207,6 +209,7 @@ CELERY_BEAT_SCHEDULE = {
     "billing-close-month": {"task": "billing.close_month", "schedule": 3600.0},
     "billing-dunning-check": {"task": "billing.dunning_check", "schedule": 3600.0},
     "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
+    "scheduler-launches-resend": {"task": "scheduler.launches_resend", "schedule": 15.0},
 }
 
 # --- gpushare -------------------------------------------------------------

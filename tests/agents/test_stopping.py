@@ -117,3 +117,17 @@ def test_a_newer_attempt_waits_for_the_old_one_to_end(agent_factory, node):
     log = agent.log()
     assert log.index("job 8004 attempt 1 ended") < log.index("job 8004 attempt 2 started")
     assert "superseded by a newer attempt" in log
+
+
+def test_a_launch_sent_again_after_the_attempt_ran_is_ignored(agent_factory, node):
+    """The platform re-sends launches that never reported a start; the agent must not run an attempt twice."""
+    from tests.agents.conftest import launch_direct, wait_output
+
+    agent = agent_factory(node)
+    command = [sys.executable, "-c", "print('ran-once')"]
+    launch_direct(agent, 7301, command, gpu_uuids=[])
+    wait_output(agent, 7301, "ran-once")
+    wait_for(lambda: "job 7301 attempt 1 ended" in agent.log(), what="the attempt to end")
+    launch_direct(agent, 7301, command, gpu_uuids=[])
+    wait_for(lambda: "job 7301 attempt 1 already ran here; launch ignored" in agent.log(), what="the repeat ignored")
+    assert agent.log().count("job 7301 attempt 1 started") == 1
