@@ -267,13 +267,11 @@ def _autoscale(endpoint_id: int) -> AutoscaleResult:
 
 
 def endpoint_autoscale_all() -> int:
+    """One autoscaling pass over active endpoints and deleted ones with replicas left."""
     with scopes_disabled():
-        ids = list(
-            Endpoint.objects.filter(state=Endpoint.State.ACTIVE)
-            .values_list("pk", flat=True)
-            .union(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("endpoint_id", flat=True))
-        )
-    for endpoint_id in ids:
+        ids = set(Endpoint.objects.filter(state=Endpoint.State.ACTIVE).values_list("pk", flat=True))
+        ids |= set(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("endpoint_id", flat=True))
+    for endpoint_id in sorted(ids):
         endpoint_autoscale(endpoint_id=endpoint_id)
     return len(ids)
 
