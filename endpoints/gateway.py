@@ -45,6 +45,7 @@ HOP_BY_HOP = {
 }
 MAX_BODY = 10 << 20
 TOKEN_CACHE_S = 5.0
+FORCED_REFRESH_S = 0.2  # at most this often when a request names an endpoint not in the table
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Gateway:
         self.inflight: dict[int, int] = {}
         self.traffic: dict[int, Traffic] = {}
         self.session: ClientSession | None = None
+        self.last_forced_refresh = 0.0
         self.token_cache: dict[tuple[bytes, str], tuple[float, tuple | None]] = {}
         self.changed = asyncio.Event()
 
@@ -216,6 +218,11 @@ class Gateway:
         if problem is not None:
             return error(*problem)
         route = self.table.get((tenant, name))
+        if route is None and time.monotonic() - self.last_forced_refresh > FORCED_REFRESH_S:
+            # Maybe deployed since the last refresh: look once more before saying 404.
+            self.last_forced_refresh = time.monotonic()
+            await self.refresh()
+            route = self.table.get((tenant, name))
         if route is None:
             return error(404, "not_found", "Not found.")
         body = await request.read()
