@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from .models import Allocation, Job, JobLogChunk, JobState
+from .models import Job, JobLogChunk, JobState
 
 
 def jobs_for_tenant(*, tenant) -> QuerySet[Job]:
@@ -12,16 +12,18 @@ def jobs_for_tenant(*, tenant) -> QuerySet[Job]:
 
 
 def job_gpu_uuids(job: Job) -> list[str]:
-    """The GPUs the job holds now, or held last (for a finished job)."""
-    allocations = sorted(job.allocations.all(), key=lambda a: (a.released_at is not None, a.gpu.index))
-    if not allocations:
-        return []
-    newest = max(a.created_at for a in allocations)
-    return [a.gpu.uuid for a in allocations if a.created_at == newest]
+    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations.
 
-
-def allocations_prefetch() -> str:
-    return "allocations__gpu"
+    The allocations of one placement are inserted together but do not share a
+    ``created_at`` to the microsecond, while a release stamps them all with one
+    ``released_at``: so "held last" is the set released last.
+    """
+    allocations = list(job.allocations.all())
+    held = [a for a in allocations if a.released_at is None]
+    if not held and allocations:
+        last = max(a.released_at for a in allocations)
+        held = [a for a in allocations if a.released_at == last]
+    return [a.gpu.uuid for a in sorted(held, key=lambda a: a.gpu.index)]
 
 
 def queue_position(job: Job) -> int | None:
@@ -63,8 +65,6 @@ def _chunk_start(job: Job, offset: int) -> int:
     chunk = JobLogChunk.objects.filter(job=job, offset__lte=offset).order_by("-offset").values("offset").first()
     return chunk["offset"] if chunk else 0
 
-
-__all__ = ["Allocation", "job_gpu_uuids", "job_log_read", "jobs_for_tenant", "queue_position"]
 
 
 def tenant_weights() -> dict[int, object]:

@@ -46,21 +46,6 @@ def queue_positions(*, job_ids: list[int]) -> dict[int, int]:
         return {job_id: n + 1 for job_id, n in rows}
 
 
-def job_gpu_uuids(job: Job) -> list[str]:
-    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations.
-
-    The allocations of one placement are inserted together but do not share a
-    ``created_at`` to the microsecond, while a release stamps them all with one
-    ``released_at``: so "held last" is the set released last.
-    """
-    allocations = list(job.allocations.all())
-    held = [a for a in allocations if a.released_at is None]
-    if not held and allocations:
-        last = max(a.released_at for a in allocations)
-        held = [a for a in allocations if a.released_at == last]
-    return [a.gpu.uuid for a in sorted(held, key=lambda a: a.gpu.index)]
-
-
 def job_metric_series(*, job: Job, max_points: int = MAX_METRIC_POINTS) -> dict:
     """The job's metering windows as a chart series, merged into at most ``max_points`` buckets.
 

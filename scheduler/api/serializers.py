@@ -9,7 +9,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import MILLI_PER_GPU, Job, JobKind, JobState
-from .selectors import job_gpu_uuids, queue_positions
+from ..selectors import job_gpu_uuids
+from .selectors import queue_positions
 
 MAX_COMMAND_ARGS = 1000
 MAX_ARG_LEN = 8192
