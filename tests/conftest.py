@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from accounts.models import Role
 from tests.factories import TenantFactory, platform_rules_seed, token_for
 
-pytest_plugins = ["tests.processes"]
+pytest_plugins = ["tests.processes", "tests.browser_fixtures"]
 
 
 @pytest.fixture

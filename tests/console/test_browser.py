@@ -15,7 +15,6 @@ from accounts.models import AuditLog
 from agents.models import Gpu, Node
 from scheduler.models import Job, PriorityClass
 from scheduler.services import schedule_pass
-from tests.browser.conftest import browser, screenshot  # noqa: F401  (fixtures)
 from tests.console.conftest import node_with_gpus
 from tests.console.test_queue import queued_job
 from tests.console.test_whatif_replay import HISTORY, run_real_scheduler
@@ -27,7 +26,7 @@ PASSWORD = "operator-browser-pass"
 
 
 @pytest.fixture
-def operator_page(browser, live_server, transactional_db):  # noqa: F811
+def operator_page(browser, live_server, transactional_db):
     get_user_model().objects.create_user("ops@example.test", password=PASSWORD, is_staff=True, is_superuser=True)
     context = browser.new_context(base_url=live_server.url, viewport={"width": 1360, "height": 900})
     context.set_default_timeout(30_000)
@@ -41,7 +40,7 @@ def operator_page(browser, live_server, transactional_db):  # noqa: F811
     context.close()
 
 
-def test_edit_a_rule_with_its_preview_then_save(operator_page, screenshot):  # noqa: F811
+def test_edit_a_rule_with_its_preview_then_save(operator_page, screenshot):
     platform_rules_seed()
     node_with_gpus("solo", ("H100-80GB", "H100-80GB"))
     tenants = {"alpha": TenantFactory(slug="alpha"), "bravo": TenantFactory(slug="bravo")}
@@ -75,7 +74,7 @@ def test_edit_a_rule_with_its_preview_then_save(operator_page, screenshot):  # n
     assert AuditLog.objects.filter(action="priority_class.update", target="preemptible").exists()
 
 
-def test_fleet_grid_refreshes_and_a_drain_takes_effect(operator_page, screenshot):  # noqa: F811
+def test_fleet_grid_refreshes_and_a_drain_takes_effect(operator_page, screenshot):
     platform_rules_seed()
     node_a = node_with_gpus("node-a")
     node_with_gpus("node-b", ("L4-24GB",) * 2)
@@ -113,7 +112,7 @@ def test_fleet_grid_refreshes_and_a_drain_takes_effect(operator_page, screenshot
     assert second.node is None or second.node.name != job.node.name
 
 
-def test_queue_change_class_and_cancel_in_the_browser(operator_page, screenshot):  # noqa: F811
+def test_queue_change_class_and_cancel_in_the_browser(operator_page, screenshot):
     platform_rules_seed()
     tenant, other = TenantFactory(slug="acme"), TenantFactory(slug="globex")
     first = queued_job(other, priority="standard")
@@ -138,7 +137,7 @@ def test_queue_change_class_and_cancel_in_the_browser(operator_page, screenshot)
     assert set(AuditLog.objects.values_list("action", flat=True)) >= {"job.priority_change", "job.cancel"}
 
 
-def test_a_contradiction_in_the_admin_class_form(operator_page, screenshot):  # noqa: F811
+def test_a_contradiction_in_the_admin_class_form(operator_page, screenshot):
     platform_rules_seed()
     page = operator_page
     preemptible = PriorityClass.objects.get(name="preemptible")
