@@ -37,8 +37,9 @@ BENCHMARKS = {
     "api": "bench.api_load",
     "agent": "bench.agent_overhead",
     "invoice": "bench.invoice_close",
+    "gateway": "bench.endpoints_gateway",
 }
-EXTERNAL = {"scheduler-scale", "packing"}
+EXTERNAL = {"scheduler-scale", "packing", "gateway"}
 
 
 @dataclass

@@ -51,4 +51,9 @@ class Handler(BaseHTTPRequestHandler):
         return self._json(200, {"version": VERSION, "pid": os.getpid(), "echo": body.decode(errors="replace")})
 
 
-ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default backlog (5) resets connections under a burst
+
+
+Server(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
