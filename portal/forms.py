@@ -111,19 +111,7 @@ class JobSubmitForm(forms.Form):
             self.validated = self.mode = None
 
     def spec(self) -> services.JobSpec:
-        v = self.validated
-        return services.JobSpec(
-            kind=v["kind"],
-            gpu_milli=v["gpus"],
-            command=v["command"],
-            name=v["name"],
-            env=v["env"],
-            image=v["image"],
-            gpu_model=v["gpu_model"],
-            gpu_memory_mb=v.get("gpu_memory_mb"),
-            priority=v["priority"],
-            max_runtime_s=v.get("max_runtime_seconds"),
-        )
+        return JobCreateSerializer.spec(self.validated)
 
     def add_job_error(self, exc: services.JobError) -> None:
         self.add_error(exc.field if exc.field in self.fields else None, str(exc))

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from ..models import MILLI_PER_GPU, Job, JobKind, JobState
 from ..selectors import job_gpu_uuids
+from ..services import JobSpec
 from .selectors import queue_positions
 
 MAX_COMMAND_ARGS = 1000
@@ -81,6 +82,22 @@ class JobCreateSerializer(serializers.Serializer):
     gpu_memory_mb = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False, allow_null=True)
     priority = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
     max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=90 * 24 * 3600, required=False)
+
+    @staticmethod
+    def spec(v: dict) -> JobSpec:
+        """The service's job spec from this serializer's validated data (API and portal form alike)."""
+        return JobSpec(
+            kind=v["kind"],
+            gpu_milli=v["gpus"],
+            command=v["command"],
+            name=v["name"],
+            env=v["env"],
+            image=v["image"],
+            gpu_model=v["gpu_model"],
+            gpu_memory_mb=v.get("gpu_memory_mb"),
+            priority=v["priority"],
+            max_runtime_s=v.get("max_runtime_seconds"),
+        )
 
 
 class JobUsageSerializer(serializers.Serializer):

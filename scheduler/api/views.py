@@ -89,19 +89,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             )
         data = JobCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        v = data.validated_data
-        spec = services.JobSpec(
-            kind=v["kind"],
-            gpu_milli=v["gpus"],
-            command=v["command"],
-            name=v["name"],
-            env=v["env"],
-            image=v["image"],
-            gpu_model=v["gpu_model"],
-            gpu_memory_mb=v.get("gpu_memory_mb"),
-            priority=v["priority"],
-            max_runtime_s=v.get("max_runtime_seconds"),
-        )
+        spec = JobCreateSerializer.spec(data.validated_data)
         try:
             submitted = job_submit_idempotent(tenant=self.tenant, user=request.user, spec=spec, idempotency_key=key)
         except services.JobError as exc:
