@@ -143,13 +143,14 @@ def agent_factory(transactional_db, tmp_path, celery_worker_process):
         token = node_credential_issue(name=node)
         var_dir = tmp_path / f"agent-{node}"
         argv = [
-            sys.executable, "-m", "agents", "--node", node, "--token", token, "--broker", settings.REDIS_URL,
+            sys.executable, "-m", "agents", "--node", node, "--broker", settings.REDIS_URL,
             "--var-dir", str(var_dir), "--gpus", gpus, "--sample-interval", "0.2", "--window", "1",
             "--heartbeat", "1", *extra,
         ]
         env = process_env()
         for secret in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
             env.pop(secret, None)  # the agent never needs the database
+        env["GPUSHARE_AGENT_TOKEN"] = token  # as the systemd unit passes it: never on the command line
         agent = AgentProcess(node=node, token=token, argv=argv, env=env, var_dir=var_dir).start()
         started.append(agent)
         if wait:
