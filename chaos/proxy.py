@@ -109,6 +109,10 @@ class CuttableProxy:
             self.is_cut = False
             self.answer_500 = False
 
+    def url(self, db: int) -> str:
+        """A Redis URL through this proxy."""
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
     def close(self) -> None:
         self.running = False
         self.cut()

@@ -16,8 +16,8 @@ from django.conf import settings
 from django_scopes import scopes_disabled
 
 from billing.models import UsageWindow
+from chaos.proxy import CuttableProxy
 from scheduler.models import Job, JobState
-from tests.agents.proxy import CuttableProxy
 from tests.factories import TenantFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def redis_proxy():
     target = urlparse(settings.REDIS_URL)
-    proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379).start()
+    proxy = CuttableProxy(target.hostname or "127.0.0.1", target.port or 6379)
     yield proxy
-    proxy.cut()
+    proxy.close()
 
 
 def _redis_db() -> int:
