@@ -25,6 +25,9 @@ from accounts.authentication import TokenPrincipal
 
 from .throttling import rate_text
 
+# HTTP status of a refusal from a service (JobError, EndpointError, ...) by its code.
+SERVICE_STATUS = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}
+
 
 class ApiError(exceptions.APIException):
     """Raise from a view with a code and an HTTP status of your choosing."""
@@ -34,6 +37,15 @@ class ApiError(exceptions.APIException):
         self.status_code = status_code
         self.error_code = code
         self.fields = fields or {}
+
+    @classmethod
+    def from_service(cls, exc: Exception) -> ApiError:
+        """A service's refusal (with ``code`` and an optional ``field``) in the API's error shape."""
+        code = getattr(exc, "code", "invalid")
+        field = getattr(exc, "field", None)
+        return cls(
+            str(exc), code=code, status_code=SERVICE_STATUS.get(code, 400), fields={field: [str(exc)]} if field else {}
+        )
 
 
 ERROR_CODES = (

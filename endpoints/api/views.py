@@ -22,13 +22,6 @@ from .serializers import (
 )
 
 
-def _error(exc: Exception) -> ApiError:
-    code = getattr(exc, "code", "invalid")
-    field = getattr(exc, "field", None)
-    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}.get(code, 400)
-    return ApiError(str(exc), code=code, status_code=status_code, fields={field: [str(exc)]} if field else {})
-
-
 def _values(data: dict) -> dict:
     """API field names -> model/service names."""
     out = dict(data)
@@ -74,7 +67,7 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         try:
             endpoint = services.endpoint_create(tenant=self.tenant, user=request.user, spec=spec)
         except (services.EndpointError, JobError) as exc:
-            raise _error(exc) from exc
+            raise ApiError.from_service(exc) from exc
         return Response(
             EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data, status=status.HTTP_201_CREATED
         )
@@ -91,7 +84,7 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         try:
             services.endpoint_update(endpoint=endpoint, user=request.user, changes=_values(data.validated_data))
         except (services.EndpointError, JobError) as exc:
-            raise _error(exc) from exc
+            raise ApiError.from_service(exc) from exc
         return Response(EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data)
 
     @extend_schema(
@@ -116,7 +109,7 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         try:
             services.endpoint_update(endpoint=endpoint, user=request.user, changes=dict(data.validated_data))
         except services.EndpointError as exc:
-            raise _error(exc) from exc
+            raise ApiError.from_service(exc) from exc
         return Response(EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data)
 
     @extend_schema(

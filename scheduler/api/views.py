@@ -40,12 +40,6 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 
 
-def _job_error(exc: services.JobError) -> ApiError:
-    status_code = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}.get(exc.code, 400)
-    fields = {exc.field: [str(exc)]} if exc.field else {}
-    return ApiError(str(exc), code=exc.code, status_code=status_code, fields=fields)
-
-
 @extend_schema_view(
     list=extend_schema(summary="List the tenant's jobs", responses={200: JobSerializer(many=True), **ERROR_RESPONSES}),
     retrieve=extend_schema(summary="Get a job", responses={200: JobSerializer, **ERROR_RESPONSES}),
@@ -93,7 +87,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         try:
             submitted = job_submit_idempotent(tenant=self.tenant, user=request.user, spec=spec, idempotency_key=key)
         except services.JobError as exc:
-            raise _job_error(exc) from exc
+            raise ApiError.from_service(exc) from exc
         job = self.get_queryset().get(pk=submitted.job.pk)
         return Response(
             JobSerializer(job).data, status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK
@@ -112,7 +106,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         try:
             services.job_cancel(job=job, actor=request.user)
         except services.JobError as exc:
-            raise _job_error(exc) from exc
+            raise ApiError.from_service(exc) from exc
         return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
