@@ -69,16 +69,7 @@ class PriorityClassForm(forms.ModelForm):
 
     def draft(self) -> ClassDraft:
         data = self.cleaned_data
-        return ClassDraft(
-            name=data.get("name") or self.instance.name,
-            rank=data["rank"],
-            preemptible=data["preemptible"],
-            may_preempt=frozenset(c.name for c in data["may_preempt"]),
-            min_runtime_s=data["min_runtime_s"],
-            grace_period_s=data["grace_period_s"],
-            price_multiplier=data["price_multiplier"],
-            default_for_kind=data["default_for_kind"],
-        )
+        return ClassDraft.from_form(data, name=data.get("name") or self.instance.name)
 
     def clean(self):
         cleaned = super().clean()

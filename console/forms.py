@@ -29,17 +29,7 @@ class PriorityClassRuleForm(forms.ModelForm):
         widgets = {"may_preempt": forms.SelectMultiple(attrs={"size": 3})}
 
     def draft(self) -> ClassDraft:
-        data = self.cleaned_data
-        return ClassDraft(
-            name=self.instance.name,
-            rank=data["rank"],
-            preemptible=data["preemptible"],
-            may_preempt=frozenset(c.name for c in data["may_preempt"]),
-            min_runtime_s=data["min_runtime_s"],
-            grace_period_s=data["grace_period_s"],
-            price_multiplier=data["price_multiplier"],
-            default_for_kind=data["default_for_kind"],
-        )
+        return ClassDraft.from_form(self.cleaned_data, name=self.instance.name)
 
 
 PriorityClassRuleFormSet = modelformset_factory(PriorityClass, form=PriorityClassRuleForm, extra=0, can_delete=False)

@@ -22,6 +22,20 @@ class ClassDraft:
     price_multiplier: Decimal = Decimal(1)
     default_for_kind: str = ""
 
+    @classmethod
+    def from_form(cls, data: dict, *, name: str) -> ClassDraft:
+        """A draft from a priority-class form's cleaned data (``may_preempt``: PriorityClass objects)."""
+        return cls(
+            name=name,
+            rank=data["rank"],
+            preemptible=data["preemptible"],
+            may_preempt=frozenset(c.name for c in data["may_preempt"]),
+            min_runtime_s=data["min_runtime_s"],
+            grace_period_s=data["grace_period_s"],
+            price_multiplier=data["price_multiplier"],
+            default_for_kind=data["default_for_kind"],
+        )
+
     def snapshot(self) -> dict:
         return {
             "rank": self.rank,
