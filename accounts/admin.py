@@ -8,45 +8,15 @@ nothing writes except through a service, so each change leaves its audit row.
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django_scopes import scopes_disabled
+
+from gpushare.admin import ReadOnlyAdminMixin, UnscopedAdminMixin
 
 from .models import ApiToken, Invitation, Membership
 from .services import AccountsError, token_revoke
 
 
-class UnscopedReadOnlyAdmin(admin.ModelAdmin):
+class UnscopedReadOnlyAdmin(UnscopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """List and read tenant-owned rows across tenants; no add, change or delete."""
-
-    def get_queryset(self, request):
-        with scopes_disabled():
-            return super().get_queryset(request)
-
-    def changelist_view(self, request, extra_context=None):
-        with scopes_disabled():
-            response = super().changelist_view(request, extra_context)
-            if hasattr(response, "render"):
-                response.render()
-            return response
-
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        with scopes_disabled():
-            response = super().changeform_view(request, object_id, form_url, extra_context)
-            if hasattr(response, "render"):
-                response.render()
-            return response
-
-    def response_action(self, request, queryset):
-        with scopes_disabled():
-            return super().response_action(request, queryset)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(ApiToken)

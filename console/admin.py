@@ -19,6 +19,7 @@ from accounts.models import AuditLog, Plan, Tenant, TenantQuota
 from accounts.services import AccountsError, quota_set, tenant_reinstate, tenant_suspend
 from agents.models import Gpu, Node
 from billing.models import Price
+from gpushare.admin import ReadOnlyAdminMixin, UnscopedAdminMixin
 from scheduler.models import JobKind, PriorityClass, SchedulerSettings
 from scheduler.rules import RuleError, scheduler_settings_update
 
@@ -34,26 +35,6 @@ def _take_over(model, model_admin) -> None:
     if admin.site.is_registered(model):
         admin.site.unregister(model)
     admin.site.register(model, model_admin)
-
-
-class UnscopedAdminMixin:
-    """Platform-wide pages over tenant-owned rows: run and render each view with scopes disabled."""
-
-    def _unscoped(self, view, *args, **kwargs):
-        with scopes_disabled():
-            response = view(*args, **kwargs)
-            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
-                response.render()
-        return response
-
-    def changelist_view(self, request, extra_context=None):
-        return self._unscoped(super().changelist_view, request, extra_context)
-
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        return self._unscoped(super().changeform_view, request, object_id, form_url, extra_context)
-
-    def history_view(self, request, object_id, extra_context=None):
-        return self._unscoped(super().history_view, request, object_id, extra_context)
 
 
 # --- priority classes ----------------------------------------------------------
@@ -300,20 +281,11 @@ _take_over(Node, NodeAdmin)
 # --- audit log ----------------------------------------------------------------------
 
 
-class AuditLogAdmin(admin.ModelAdmin):
+class AuditLogAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "actor", "tenant", "action", "target"]
     list_filter = ["action"]
     search_fields = ["action", "target", "actor__username", "tenant__slug"]
     readonly_fields = ["created_at", "actor", "tenant", "action", "target", "before", "after"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 _take_over(AuditLog, AuditLogAdmin)
