@@ -24,6 +24,35 @@ class TokenPrincipal:
         self.scopes = frozenset(token.scopes)
 
 
+class TokenRejected(Exception):
+    """A bearer token that does not authenticate; the message says why."""
+
+
+def token_principal(plaintext: str) -> tuple:
+    """``(user, TokenPrincipal)`` for a valid token, else :class:`TokenRejected`.
+
+    The one check every entry point uses (REST API, endpoint gateway): known,
+    not revoked, not expired, active user still a member; records last use.
+    """
+    with scopes_disabled():
+        token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(plaintext)).first()
+        if token is None:
+            raise TokenRejected("Unknown API token.")
+        if token.revoked_at is not None:
+            raise TokenRejected("This API token has been revoked.")
+        now = timezone.now()
+        if token.expires_at is not None and token.expires_at <= now:
+            raise TokenRejected("This API token has expired.")
+        if not token.user.is_active:
+            raise TokenRejected("The user this token belongs to is inactive.")
+        membership = Membership.objects.filter(tenant=token.tenant, user=token.user).first()
+        if membership is None:
+            raise TokenRejected("The token's user is no longer a member of its tenant.")
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user, TokenPrincipal(token, membership.role)
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -36,23 +65,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
-        with scopes_disabled():
-            token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(parts[1])).first()
-            if token is None:
-                raise exceptions.AuthenticationFailed("Unknown API token.")
-            if token.revoked_at is not None:
-                raise exceptions.AuthenticationFailed("This API token has been revoked.")
-            now = timezone.now()
-            if token.expires_at is not None and token.expires_at <= now:
-                raise exceptions.AuthenticationFailed("This API token has expired.")
-            if not token.user.is_active:
-                raise exceptions.AuthenticationFailed("The user this token belongs to is inactive.")
-            membership = Membership.objects.filter(tenant=token.tenant, user=token.user).first()
-            if membership is None:
-                raise exceptions.AuthenticationFailed("The token's user is no longer a member of its tenant.")
-            if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-                ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return token.user, TokenPrincipal(token, membership.role)
+        try:
+            return token_principal(parts[1])
+        except TokenRejected as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from exc
 
     def authenticate_header(self, request):
         return self.keyword

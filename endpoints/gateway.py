@@ -303,21 +303,15 @@ class Gateway:
 
 def token_check(plaintext: str, tenant_slug: str) -> tuple | None:
     """None if the token may invoke the tenant's endpoints, else (status, code, message)."""
-    from django.utils import timezone
-    from django_scopes import scopes_disabled
+    from accounts.authentication import TokenRejected, token_principal
 
-    from accounts.models import ApiToken
-    from accounts.services import token_hash
-
-    with scopes_disabled():
-        token = ApiToken.objects.select_related("tenant").filter(token_hash=token_hash(plaintext)).first()
-    if token is None or token.revoked_at is not None:
-        return 401, "unauthenticated", "unknown or revoked API token"
-    if token.expires_at is not None and token.expires_at <= timezone.now():
-        return 401, "unauthenticated", "this API token has expired"
-    if token.tenant.slug != tenant_slug:
+    try:
+        _, principal = token_principal(plaintext)
+    except TokenRejected as exc:
+        return 401, "unauthenticated", str(exc)
+    if principal.tenant.slug != tenant_slug:
         return 404, "not_found", "Not found."
-    if "endpoints:invoke" not in token.scopes:
+    if "endpoints:invoke" not in principal.scopes:
         return 403, "forbidden", "this token lacks the 'endpoints:invoke' scope"
     return None
 
