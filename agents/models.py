@@ -20,6 +20,9 @@ class Node(models.Model):
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=32, blank=True)
     backend = models.CharField(max_length=16, blank=True)  # nvml | sim
+    # Where the gateway reaches this node's replicas, as its agent reported at registration
+    # (GPUSHARE["NODE_ADDRESSES"] overrides it); blank: not reported, or malformed.
+    address = models.CharField(max_length=253, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     state_reason = models.CharField(max_length=200, blank=True)

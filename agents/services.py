@@ -17,6 +17,7 @@ from accounts.services import audit_record
 from scheduler import services as scheduler_services
 from scheduler.models import ACTIVE_STATES, Job
 
+from .agent.address import address_valid
 from .agent.health import event_describe, event_is_application_error, event_takes_gpu_out
 from .dispatch import node_send
 from .models import Gpu, GpuOutage, Node
@@ -62,6 +63,7 @@ def node_register(*, node: Node, info: dict) -> Node:
     node.driver_version = str(info.get("driver_version", ""))[:32]
     node.cuda_version = str(info.get("cuda_version", ""))[:32]
     node.backend = str(info.get("backend", ""))[:16]
+    node.address = _address_reported(node.name, info.get("address"))
     node.registered_at = node.last_heartbeat_at = timezone.now()
     if node.state in (Node.State.PENDING, Node.State.DOWN):
         held = node.state_before_down in (Node.State.CORDONED, Node.State.DRAINING)
@@ -89,6 +91,21 @@ def node_register(*, node: Node, info: dict) -> Node:
     scheduler_services.node_reconcile(node=node, running=info.get("running", []))
     scheduler_services.schedule_soon()
     return node
+
+
+def _address_reported(node_name: str, address) -> str:
+    """The address an agent reported for its replicas, or "" when it sent none or a malformed one.
+
+    A bad address must not keep the node out of service (its training jobs
+    need no address): it is dropped with a warning, and the gateway falls back
+    to the operator's setting or 127.0.0.1.
+    """
+    if address is None or address == "":
+        return ""  # an agent older than the address report
+    if address_valid(address):
+        return address
+    log.warning("node %s reported a malformed address %.100r; ignored", node_name, address)
+    return ""
 
 
 @transaction.atomic

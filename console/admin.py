@@ -237,10 +237,10 @@ class GpuInline(admin.TabularInline):
 
 
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "state", "state_reason", "backend", "agent_version", "last_heartbeat_at"]
+    list_display = ["name", "state", "state_reason", "address", "backend", "agent_version", "last_heartbeat_at"]
     list_filter = ["state"]
-    readonly_fields = ["name", "state", "state_reason", "agent_version", "driver_version", "cuda_version", "backend",
-                       "registered_at", "last_heartbeat_at"]
+    readonly_fields = ["name", "state", "state_reason", "address", "agent_version", "driver_version", "cuda_version",
+                       "backend", "registered_at", "last_heartbeat_at"]
     exclude = ["token_hash"]
     inlines = [GpuInline]
     actions = ["cordon", "drain", "uncordon"]

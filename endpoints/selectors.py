@@ -37,9 +37,16 @@ class EndpointRoute:
     replicas: tuple[Route, ...]
 
 
-def node_address(node_name: str) -> str:
-    """Where a node's replicas listen (GPUSHARE_NODE_ADDRESSES maps names; 127.0.0.1 otherwise)."""
-    return settings.GPUSHARE.get("NODE_ADDRESSES", {}).get(node_name, "127.0.0.1")
+def node_address(node_name: str, reported: str = "") -> str:
+    """Where a node's replicas listen, written as the host part of a URL (an IPv6 address in brackets).
+
+    The operator's GPUSHARE["NODE_ADDRESSES"] (env GPUSHARE_NODE_ADDRESSES) wins over the address the
+    node's agent ``reported``: an agent only sees its own interfaces, and behind NAT, or on a host with
+    several networks, the address the gateway must use is not one the agent would pick. Then 127.0.0.1,
+    right when everything runs on one host (``make run``).
+    """
+    address = settings.GPUSHARE.get("NODE_ADDRESSES", {}).get(node_name) or reported or "127.0.0.1"
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 @scopes_disabled()
@@ -49,10 +56,10 @@ def routing_table() -> dict[tuple[str, str], EndpointRoute]:
     replicas = (
         Replica.objects.exclude(state=Replica.State.STOPPED)
         .filter(job__state__in=ROUTABLE_JOB_STATES, job__node__isnull=False)
-        .values_list("pk", "endpoint_id", "port", "state", "version", "job__node__name")
+        .values_list("pk", "endpoint_id", "port", "state", "version", "job__node__name", "job__node__address")
     )
-    for pk, endpoint_id, port, state, version, node in replicas:
-        routes.setdefault(endpoint_id, []).append(Route(pk, node_address(node), port, state, version))
+    for pk, endpoint_id, port, state, version, node, reported in replicas:
+        routes.setdefault(endpoint_id, []).append(Route(pk, node_address(node, reported), port, state, version))
     table = {}
     for e in Endpoint.objects.filter(state=Endpoint.State.ACTIVE).select_related("tenant"):
         table[(e.tenant.slug, e.name)] = EndpointRoute(

@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from .address import address_valid
 from .gpus import SimBackend
 from .jobs import DEFAULT_ENV_ALLOW
 
@@ -33,6 +34,7 @@ class AgentConfig:
     shutdown_grace_s: int = 10
     cgroup_root: str = ""  # "", "off", "auto" or a cgroup v2 directory: one cgroup per job
     docker: str = "docker"  # the docker CLI used for jobs that name an image
+    advertise_address: str = ""  # where the gateway reaches this node's replicas; "": detected at registration
 
     @property
     def state_dir(self) -> Path:
@@ -95,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         default=env.get("GPUSHARE_CGROUP_ROOT", ""),
         help="put each job in its own cgroup v2 under this directory ('auto': the agent's own cgroup)",
     )
+    parser.add_argument(
+        "--advertise-address",
+        default=env.get("GPUSHARE_AGENT_ADVERTISE_ADDRESS", ""),
+        help="IP address or host name the gateway uses to reach replicas on this node "
+        "(default: this host's address on its route to the broker)",
+    )
     parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -112,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         parser.error("the node's credential is required: --token-file, GPUSHARE_AGENT_TOKEN or --token")
     if args.sample_interval <= 0 or args.window < args.sample_interval:
         parser.error("--sample-interval must be positive and --window at least one sample interval")
+    args.advertise_address = args.advertise_address.strip()
+    if args.advertise_address and not address_valid(args.advertise_address):
+        parser.error(f"--advertise-address {args.advertise_address!r} is neither an IP address nor a host name")
     return AgentConfig(
         node=args.node,
         token=args.token,
@@ -125,4 +136,5 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         log_cap_bytes=args.log_cap_mb << 20,
         run_as=args.run_as,
         cgroup_root=args.cgroup_root,
+        advertise_address=args.advertise_address,
     )

@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from . import __version__
+from .address import address_detect
 from .brokerconf import broker_options
 from .cgroups import cgroup_root, leftovers_kill
 from .config import AgentConfig, backend_for, parse_args
@@ -73,13 +74,15 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.recover_previous()
-        self.report("agents.register", {"info": self.registration()})
+        info = self.registration()
+        self.report("agents.register", {"info": info})
         log.info(
-            "agent %s up: %d GPU(s) via %s, broker %s",
+            "agent %s up: %d GPU(s) via %s, broker %s, replicas reachable at %s",
             self.config.node,
             len(self.gpus),
             self.backend.name,
             self.link.url.split("@")[-1],
+            info["address"],
         )
         next_tick = time.monotonic()
         while not self.stopping:
@@ -95,11 +98,20 @@ class Agent:
         log.info("signal %s: shutting down", signum)
         self.stopping = True
 
+    def address(self) -> str:
+        """Where the gateway reaches this node's replicas: the operator's choice, else detected.
+
+        Detected again at every registration (startup, and after each broker
+        outage) so a host whose address changed reports the new one.
+        """
+        return self.config.advertise_address or address_detect(self.config.broker_url)
+
     def registration(self) -> dict:
         return {
             "agent_version": __version__,
             "backend": self.backend.name,
             "hostname": socket.gethostname(),
+            "address": self.address(),
             "gpus": [g.as_dict() for g in self.gpus.values()],
             "running": [{"job_id": j.spec.job_id, "attempt": j.spec.attempt} for j in self.jobs.values()],
             **self.backend.versions(),

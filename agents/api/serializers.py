@@ -44,6 +44,11 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
+    address = serializers.CharField(
+        read_only=True,
+        help_text="Where the gateway reaches the node's replicas, as its agent reported at registration "
+        "(blank: none reported; the platform's GPUSHARE_NODE_ADDRESSES setting overrides it).",
+    )
 
     class Meta:
         model = Node
@@ -51,6 +56,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "name",
             "state",
             "state_reason",
+            "address",
             "backend",
             "agent_version",
             "driver_version",
