@@ -46,6 +46,36 @@ HOP_BY_HOP = {
 MAX_BODY = 10 << 20
 TOKEN_CACHE_S = 5.0
 FORCED_REFRESH_S = 0.2  # at most this often when a request names an endpoint not in the table
+MINUTE_SAMPLE = 5000  # latencies kept per minute (a uniform sample beyond that)
+MINUTES_HELD = 60  # finished minutes kept while the platform cannot be told
+
+
+@dataclass
+class Minute:
+    """One wall-clock minute of an endpoint's traffic: a row of its request-rate and latency history."""
+
+    start: int  # epoch seconds, a multiple of 60
+    requests: int = 0
+    errors: int = 0
+    peak: int = 0
+    seen: int = 0  # latencies observed; ``latencies`` holds a uniform sample of them
+    latencies: list = field(default_factory=list)
+
+    def latency(self, ms: float) -> None:
+        self.seen += 1
+        if len(self.latencies) < MINUTE_SAMPLE:
+            self.latencies.append(ms)
+        elif (slot := random.randrange(self.seen)) < MINUTE_SAMPLE:
+            self.latencies[slot] = ms  # reservoir sampling: every latency equally likely to be kept
+
+    def summary(self) -> dict:
+        return {
+            "minute": self.start,
+            "requests": self.requests,
+            "errors": self.errors,
+            "peak": self.peak,
+            "latency_ms": percentiles(self.latencies),
+        }
 
 
 @dataclass
@@ -58,6 +88,25 @@ class Traffic:
     window: deque = field(default_factory=deque)  # (monotonic time, concurrency)
     latencies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (monotonic time, ms)
     last_poke: float = 0.0
+    minute: Minute | None = None
+    finished: deque = field(default_factory=lambda: deque(maxlen=MINUTES_HELD))  # minutes not yet reported
+
+    def this_minute(self, wall: float | None = None) -> Minute:
+        start = int((time.time() if wall is None else wall) // 60) * 60
+        if self.minute is None or self.minute.start != start:
+            if self.minute is not None and (self.minute.requests or self.minute.errors):
+                self.finished.append(self.minute)
+            self.minute = Minute(start)
+        return self.minute
+
+    def minutes_to_report(self) -> list[dict]:
+        """The finished minutes not yet reported and the current one (quiet minutes are left out)."""
+        current = self.this_minute()
+        return [m.summary() for m in (*self.finished, current) if m.requests or m.errors]
+
+    def failed(self) -> None:
+        self.errors_total += 1
+        self.this_minute().errors += 1
 
     def note(self, now: float) -> None:
         self.window.append((now, self.inflight + self.queued))
@@ -150,10 +199,14 @@ class Gateway:
                 "last_request_at": t.last_request_at,
                 "replica_inflight": {r.replica_id: self.inflight.get(r.replica_id, 0) for r in route.replicas},
                 "latency_ms": percentiles(recent),
+                "minutes": t.minutes_to_report(),
             }
+            reported = len(t.finished)  # more may finish while the platform is being told
             await sync_to_async(endpoint_load_record, thread_sensitive=False)(
                 endpoint_id=route.endpoint_id, stats=stats
             )
+            for _ in range(min(reported, len(t.finished))):
+                t.finished.popleft()
 
     async def poke_autoscaler(self, endpoint_id: int) -> None:
         from asgiref.sync import sync_to_async
@@ -229,26 +282,31 @@ class Gateway:
         t = self.traffic.setdefault(route.endpoint_id, Traffic())
         t.requests_total += 1
         t.last_request_at = datetime.now(tz=UTC)
+        minute = t.this_minute()
+        minute.requests += 1
+        minute.peak = max(minute.peak, t.inflight + t.queued + 1)
         started = time.monotonic()
         tried: set[int] = set()
         for attempt in range(2):
             replica = await self.wait_for_replica(route.endpoint_id, t, tried)
             if replica is None:
-                t.errors_total += 1
+                t.failed()
                 return error(503, "unavailable", "no replica is ready yet; retry shortly", retry_after=5)
             tried.add(replica.replica_id)
             self.inflight[replica.replica_id] = self.inflight.get(replica.replica_id, 0) + 1
             t.inflight += 1
             try:
                 response = await self.forward(request, replica, body)
-                t.latencies.append((time.monotonic(), (time.monotonic() - started) * 1000))
+                elapsed_ms = (time.monotonic() - started) * 1000
+                t.latencies.append((time.monotonic(), elapsed_ms))
+                t.this_minute().latency(elapsed_ms)
                 return response
             except (ClientConnectorError, ServerDisconnectedError, ConnectionResetError) as exc:
                 log.info("replica %s failed before answering (%s); attempt %d", replica.replica_id, exc, attempt + 1)
             finally:
                 self.inflight[replica.replica_id] -= 1
                 t.inflight -= 1
-        t.errors_total += 1
+        t.failed()
         return error(502, "bad_gateway", "the replicas failed to answer", retry_after=1)
 
     async def wait_for_replica(self, endpoint_id: int, t: Traffic, tried: set[int]):

@@ -118,3 +118,30 @@ class ScalingEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class EndpointMinute(models.Model):
+    """One minute of an endpoint's traffic as the gateway saw it: the request-rate and latency history.
+
+    The gateway sends the whole minute's figures (not increments) every second, so a
+    replayed or repeated report rewrites the same row instead of counting twice.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="minutes")
+    minute = models.DateTimeField(help_text="start of the minute (UTC)")
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0, help_text="answered by the gateway with 502/503")
+    peak_concurrency = models.PositiveIntegerField(default=0, help_text="max in-flight+queued seen in the minute")
+    p50_ms = models.PositiveIntegerField(null=True, blank=True)
+    p95_ms = models.PositiveIntegerField(null=True, blank=True)
+    p99_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["minute"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "minute"], name="endpoint_minute_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_id} @ {self.minute:%Y-%m-%d %H:%M}: {self.requests} requests"

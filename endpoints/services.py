@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -21,7 +21,7 @@ from scheduler import services as scheduler_services
 from scheduler.models import TERMINAL_STATES, JobKind, JobState
 
 from .autoscale import Load, desired_replicas
-from .models import Endpoint, EndpointLoad, Replica, ScalingEvent
+from .models import Endpoint, EndpointLoad, EndpointMinute, Replica, ScalingEvent
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,10 @@ def replica_ready_set(*, replica_id: int, ready: bool) -> None:
 @scopes_disabled()
 @transaction.atomic
 def endpoint_load_record(*, endpoint_id: int, stats: dict) -> None:
-    """The gateway's view of an endpoint's traffic, once a second."""
+    """The gateway's view of an endpoint's traffic, once a second (an endpoint gone meanwhile is skipped)."""
+    tenant_id = Endpoint.objects.filter(pk=endpoint_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        return
     fields = {
         "inflight": int(stats.get("inflight", 0)),
         "queued": int(stats.get("queued", 0)),
@@ -308,3 +311,43 @@ def endpoint_load_record(*, endpoint_id: int, stats: dict) -> None:
     if stats.get("last_request_at") is not None:
         fields["last_request_at"] = stats["last_request_at"]
     EndpointLoad.objects.update_or_create(endpoint_id=endpoint_id, defaults=fields)
+    _minutes_record(tenant_id, endpoint_id, stats.get("minutes") or [])
+
+
+def _latency(summary: dict, key: str) -> int | None:
+    value = (summary.get("latency_ms") or {}).get(key)
+    return None if value is None else max(0, round(value))
+
+
+def _minutes_record(tenant_id: int, endpoint_id: int, minutes: list[dict]) -> None:
+    """Upsert whole minutes (a repeated report rewrites its row: nothing counts twice)."""
+    if not minutes:
+        return
+    rows = [
+        EndpointMinute(
+            tenant_id=tenant_id,
+            endpoint_id=endpoint_id,
+            minute=datetime.fromtimestamp(int(m["minute"]) // 60 * 60, tz=UTC),
+            requests=max(0, int(m.get("requests", 0))),
+            errors=max(0, int(m.get("errors", 0))),
+            peak_concurrency=max(0, int(m.get("peak", 0))),
+            p50_ms=_latency(m, "p50"),
+            p95_ms=_latency(m, "p95"),
+            p99_ms=_latency(m, "p99"),
+        )
+        for m in minutes
+    ]
+    EndpointMinute.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["endpoint", "minute"],
+        update_fields=["requests", "errors", "peak_concurrency", "p50_ms", "p95_ms", "p99_ms"],
+    )
+
+
+@scopes_disabled()
+def endpoint_minutes_prune(*, keep_days: int = 30) -> int:
+    """Forget traffic history older than ``keep_days`` (the bill keeps its own records)."""
+    cutoff = timezone.now() - timedelta(days=keep_days)
+    deleted, _ = EndpointMinute.objects.filter(minute__lt=cutoff).delete()
+    return deleted

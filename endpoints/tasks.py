@@ -13,3 +13,8 @@ def endpoint_autoscale_all_task() -> int:
 @shared_task(name="endpoints.autoscale_one", ignore_result=True)
 def endpoint_autoscale_task(endpoint_id: int) -> None:
     services.endpoint_autoscale(endpoint_id=endpoint_id)
+
+
+@shared_task(name="endpoints.minutes_prune", ignore_result=True)
+def endpoint_minutes_prune_task() -> int:
+    return services.endpoint_minutes_prune()

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import common, dashboard, jobs, team, usage
+from .views import common, dashboard, endpoints, jobs, team, usage
 
 app_name = "portal"
 
@@ -19,6 +19,9 @@ urlpatterns = [
     path("jobs/<int:pk>/log/", jobs.job_log, name="job_log"),
     path("jobs/<int:pk>/metrics/", jobs.job_metrics, name="job_metrics"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job_cancel"),
+    path("endpoints/", endpoints.endpoint_list, name="endpoints"),
+    path("endpoints/<int:pk>/", endpoints.endpoint_detail, name="endpoint"),
+    path("endpoints/<int:pk>/series/", endpoints.endpoint_series, name="endpoint_series"),
     path("usage/", usage.usage, name="usage"),
     path("usage/payment-method/", usage.payment_method, name="payment_method"),
     path("team/", team.team, name="team"),

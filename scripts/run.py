@@ -64,6 +64,7 @@ def main() -> None:
         + "\n"
     )
     os.environ["GPUSHARE_AGENT_TOKEN"] = demo["node"]["token"]
+    os.environ.setdefault("GPUSHARE_GATEWAY_URL", f"http://127.0.0.1:{GATEWAY_PORT}")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     base = f"http://127.0.0.1:{PORT}"
     acme = demo["tenants"]["acme"]

@@ -210,10 +210,13 @@ CELERY_BEAT_SCHEDULE = {
     "billing-dunning-check": {"task": "billing.dunning_check", "schedule": 3600.0},
     "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
     "scheduler-launches-resend": {"task": "scheduler.launches_resend", "schedule": 15.0},
+    "endpoints-minutes-prune": {"task": "endpoints.minutes_prune", "schedule": 3600.0},
 }
 
 # --- gpushare -------------------------------------------------------------
 GPUSHARE = {
+    # The endpoint gateway's public address, shown to tenants as where to send requests (blank: path only).
+    "GATEWAY_URL": os.environ.get("GPUSHARE_GATEWAY_URL", ""),
     # Where the endpoint gateway reaches a node's replicas: {"node-name": "10.0.0.5", ...}; default 127.0.0.1.
     "NODE_ADDRESSES": dict(
         pair.split("=", 1) for pair in os.environ.get("GPUSHARE_NODE_ADDRESSES", "").split(",") if "=" in pair

@@ -133,8 +133,69 @@
     });
   }
 
+  // --- an inference endpoint: traffic, latency, replicas (polled), cost per day
+  function seriesChart(canvas, datasets, unit, stepped) {
+    return new window.Chart(canvas, {
+      type: "line",
+      data: { labels: [], datasets: datasets.map(function (d) {
+        // Points are drawn small: a busy minute between quiet ones (no latency: a gap) still shows.
+        return { label: d.label, data: [], borderColor: d.color, backgroundColor: d.color + "22", fill: !!d.fill, pointRadius: 1.5, tension: stepped ? 0 : 0.2, stepped: !!stepped, spanGaps: false };
+      }) },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        plugins: { legend: { display: datasets.length > 1, position: "bottom" } },
+        scales: { x: { ticks: { maxTicksLimit: 6 } }, y: { beginAtZero: true, ticks: { precision: stepped ? 0 : undefined }, title: { display: true, text: unit } } }
+      }
+    });
+  }
+
+  function endpointCharts(root) {
+    var url = root.getAttribute("data-endpoint-series");
+    var charts = {
+      rate: seriesChart(root.querySelector("[data-chart=rate]"), [
+        { label: "requests/s", color: palette.sm, fill: true }, { label: "failed/s", color: palette.power }], "requests/s"),
+      latency: seriesChart(root.querySelector("[data-chart=latency]"), [
+        { label: "p50", color: palette.mem }, { label: "p95", color: palette.cost }, { label: "p99", color: palette.power }], "ms"),
+      replicas: seriesChart(root.querySelector("[data-chart=replicas]"), [
+        { label: "live", color: palette.sm, fill: true }, { label: "ready", color: palette.mem }], "replicas", true)
+    };
+    function show(s) {
+      var long = s.t.length > 1 && s.t[s.t.length - 1] - s.t[0] > 86400000;
+      var labels = s.t.map(function (ms) { return new Date(ms).toISOString().substring(long ? 5 : 11, 16).replace("T", " "); });
+      var perSecond = function (n) { return Math.round(n / s.step_seconds * 1000) / 1000; };
+      var put = function (chart, columns) {
+        chart.data.labels = labels;
+        columns.forEach(function (values, i) { chart.data.datasets[i].data = values; });
+        chart.update();
+      };
+      put(charts.rate, [s.requests_per_s, s.errors.map(perSecond)]);
+      put(charts.latency, [s.p50_ms, s.p95_ms, s.p99_ms]);
+      put(charts.replicas, [s.replicas, s.replicas_ready]);
+      root.setAttribute("data-points", String(labels.length));
+    }
+    show(JSON.parse(document.getElementById("endpoint-series").textContent));
+    function poll() {
+      fetch(url, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
+        .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
+        .then(function (s) { show(s); setTimeout(poll, 10000); })
+        .catch(function () { setTimeout(poll, 30000); });
+    }
+    setTimeout(poll, 10000);
+  }
+
+  function costChart(canvas) {
+    var data = JSON.parse(document.getElementById(canvas.getAttribute("data-cost-chart")).textContent);
+    new window.Chart(canvas, {
+      type: "bar",
+      data: { labels: data.labels.map(function (d) { return d.substring(5); }), datasets: [{ label: "Cost ($)", data: data.cost.map(Number), backgroundColor: palette.cost, maxBarThickness: 24 }] },
+      options: { animation: false, responsive: true, maintainAspectRatio: false, plugins: { legend: { display: false } }, scales: { y: { beginAtZero: true, title: { display: true, text: "$" } } } }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     if (!window.Chart) return;
+    document.querySelectorAll("[data-endpoint-series]").forEach(endpointCharts);
+    document.querySelectorAll("[data-cost-chart]").forEach(costChart);
     document.querySelectorAll("[data-model-chart]").forEach(modelChart);
     document.querySelectorAll("[data-job-metrics]").forEach(jobCharts);
     document.querySelectorAll("[data-usage-chart]").forEach(usageChart);

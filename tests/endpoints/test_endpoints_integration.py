@@ -114,6 +114,12 @@ def test_scale_from_zero_burst_and_back_to_zero_billed_per_replica_second(platfo
     ).json()
     reasons = [e["reason"] for e in metrics["scaling_events"]]
     assert any("idle" in r for r in reasons) and metrics["requests_total"] >= len(answers) + 1
+    # The per-minute history holds every request (1 + the burst + the stream), with latencies and replicas.
+    series = metrics["series"]
+    assert sum(series["requests"]) == len(answers) + 2 and sum(series["errors"]) == 0
+    assert max(p for p in series["p99_ms"] if p is not None) >= 1
+    assert max(series["replicas"]) >= 2 and max(series["replicas_ready"]) >= 2
+    assert sum(Decimal(day["cost"]) for day in metrics["cost_by_day"]) == cost
     assert len(pids) >= 2, "the burst was spread over several replicas"
     print(f"cold start {cold_start:.2f}s; replicas used {len(replicas)}; held {held_s:.1f}s; cost {cost}")
 
