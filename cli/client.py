@@ -4,7 +4,10 @@ Transient failures (connection refused or reset, a response lost on the way
 back, 5xx, 429 with Retry-After) are retried with exponential backoff by
 urllib3's ``Retry``. Retrying a POST is safe here: job submission carries an
 Idempotency-Key (the platform returns the job the first attempt created) and
-cancel is idempotent by nature.
+cancel is idempotent by nature. So are an endpoint's PATCH and scale (the same
+values again change nothing); a retried endpoint create answers 409, which
+``endpoint deploy`` turns into an update, and a retried DELETE answers 404,
+which ``endpoint delete`` takes as done.
 """
 
 from __future__ import annotations
@@ -99,3 +102,30 @@ class Client:
 
     def job_logs(self, job_id: int, *, offset: int) -> dict:
         return self.get(f"jobs/{int(job_id)}/logs/", offset=offset)
+
+    def endpoints(self, *, name: str | None = None) -> list[dict]:
+        """The tenant's active endpoints (every page), or the one named ``name``."""
+        found: list[dict] = []
+        page = 1
+        while True:
+            body = self.get("endpoints/", name=name, page=page, page_size=500)
+            found += body["results"]
+            if not body.get("next"):
+                return found
+            page += 1
+
+    def endpoint(self, endpoint_id: int) -> dict:
+        return self.get(f"endpoints/{int(endpoint_id)}/")
+
+    def endpoint_create(self, body: dict) -> dict:
+        return self.request("POST", "endpoints/", json=body)[1]
+
+    def endpoint_update(self, endpoint_id: int, changes: dict) -> dict:
+        return self.request("PATCH", f"endpoints/{int(endpoint_id)}/", json=changes)[1]
+
+    def endpoint_scale(self, endpoint_id: int, *, min_replicas: int, max_replicas: int) -> dict:
+        body = {"min_replicas": min_replicas, "max_replicas": max_replicas}
+        return self.request("POST", f"endpoints/{int(endpoint_id)}/scale/", json=body)[1]
+
+    def endpoint_delete(self, endpoint_id: int) -> None:
+        self.request("DELETE", f"endpoints/{int(endpoint_id)}/")

@@ -4,11 +4,12 @@
 0     success (for ``submit --wait`` / ``wait``: the job succeeded)
 N     ``submit --wait`` / ``wait``: the job failed with exit code N (1-255; a job
       killed by signal S gives 128+S, a failure without an exit code gives 1)
-2     bad command line or configuration
+2     bad command line or configuration; ``endpoint delete`` not confirmed
 120   the job was cancelled
 121   the job was lost, or preempted and not requeued (the platform gave up)
 124   ``--timeout`` passed before the job ended (the job keeps running; cancel it
-      with ``gpushare cancel`` or pass ``--cancel-on-timeout``)
+      with ``gpushare cancel`` or pass ``--cancel-on-timeout``), or, for
+      ``endpoint deploy --wait``, before a replica of the new version was ready
 125   the platform refused the request (4xx) or could not be reached after retries
 ====  ==========================================================================
 """
@@ -22,18 +23,31 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-import yaml
 
 from .client import ApiError, Client
+from .common import (
+    EXIT_API,
+    EXIT_CANCELLED,
+    EXIT_GAVE_UP,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    LogFollower,
+    UsageError,
+    command_arg,
+    env_merge,
+    err,
+    fields_load,
+    gpus_arg,
+    outage_patience,
+    poll_interval,
+    print_out,
+    transient,
+)
 from .config import ConfigError, config_load
+from .endpoints import endpoint_parser_add
 
-EXIT_USAGE = 2
-EXIT_CANCELLED = 120
-EXIT_GAVE_UP = 121
-EXIT_TIMEOUT = 124
-EXIT_API = 125
+# The exit codes live in common.py; tests and scripts import them from here.
+__all__ = ["EXIT_API", "EXIT_CANCELLED", "EXIT_GAVE_UP", "EXIT_TIMEOUT", "EXIT_USAGE", "job_exit_code", "main"]
 
 FINAL_STATES = {"succeeded", "failed", "cancelled", "lost"}
 PREEMPTED_PATIENCE_S = 120.0
@@ -51,64 +65,19 @@ BODY_FIELDS = (
 )
 
 
-class UsageError(Exception):
-    pass
-
-
-def _err(message: str) -> None:
-    print(f"gpushare: {message}", file=sys.stderr, flush=True)
-
-
-def _poll_interval() -> float:
-    try:
-        return max(0.05, float(os.environ.get("GPUSHARE_POLL_INTERVAL", "2")))
-    except ValueError:
-        return 2.0
-
-
 # --- submit -----------------------------------------------------------------
-
-
-def _gpus(text: str):
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("gpus is a number: 1-8, or 0.125, 0.25, 0.5") from exc
-    return int(value) if value.is_integer() else value
 
 
 def job_body(args) -> dict:
     """The request body: the -f file, then the flags over it."""
-    body: dict = {}
-    if args.file:
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-            loaded = yaml.safe_load(text) or {}
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read job file {args.file}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise UsageError(f"{args.file} must be a mapping of the job's fields ({', '.join(BODY_FIELDS)})")
-        unknown = sorted(set(loaded) - set(BODY_FIELDS))
-        if unknown:
-            raise UsageError(f"{args.file}: unknown field(s) {', '.join(unknown)}; known: {', '.join(BODY_FIELDS)}")
-        body.update(loaded)
-        if isinstance(body.get("command"), str):
-            body["command"] = ["/bin/sh", "-c", body["command"]]
+    body: dict = fields_load(args.file, BODY_FIELDS, "job") if args.file else {}
     for name in ("name", "kind", "gpus", "image", "gpu_model", "gpu_memory_mb", "priority", "max_runtime_seconds"):
         value = getattr(args, name)
         if value is not None:
             body[name] = value
     if args.env:
-        env = dict(body.get("env") or {})
-        for pair in args.env:
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
-            env[key] = value
-        body["env"] = env
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+        body["env"] = env_merge(body.get("env"), args.env)
+    command = command_arg(args.command)
     if command:
         body["command"] = command
     if "kind" not in body:
@@ -128,7 +97,7 @@ def cmd_submit(client: Client, args) -> int:
         print(json.dumps(job))
     elif not args.quiet:
         verb = "submitted" if created else "already submitted (same Idempotency-Key)"
-        _err(f"job {job['id']} {verb}: {job['state']}" + _queue_text(job))
+        err(f"job {job['id']} {verb}: {job['state']}" + _queue_text(job))
         if not args.json:
             print(job["id"])
     if not args.wait:
@@ -176,38 +145,6 @@ def job_exit_code(job: dict) -> int:
     return code if code <= 255 else 1
 
 
-class LogFollower:
-    """Prints a job's log from where it left off."""
-
-    def __init__(self, client: Client, job_id: int, *, offset: int = 0, out=None):
-        self.client, self.job_id, self.offset = client, job_id, offset
-        self.out = out or sys.stdout
-        self.complete = False
-
-    def poll(self) -> bool:
-        """Print what is new; True when something was printed."""
-        page = self.client.job_logs(self.job_id, offset=self.offset)
-        if page["data"]:
-            self.out.write(page["data"])
-            self.out.flush()
-        printed = page["next_offset"] != self.offset
-        self.offset = page["next_offset"]
-        self.complete = bool(page.get("complete"))
-        return printed
-
-
-def _transient(exc: ApiError) -> bool:
-    """Unreachable, or the platform's own trouble: worth waiting out."""
-    return exc.status is None or exc.status >= 500 or exc.status == 429
-
-
-def _outage_patience() -> float:
-    try:
-        return float(os.environ.get("GPUSHARE_OUTAGE_PATIENCE", "900"))
-    except ValueError:
-        return 900.0
-
-
 def wait_for_job(
     client: Client,
     job: dict,
@@ -224,7 +161,7 @@ def wait_for_job(
     to GPUSHARE_OUTAGE_PATIENCE seconds (default 900): the job runs on regardless.
     """
     deadline = time.monotonic() + timeout if timeout else None
-    interval = _poll_interval()
+    interval = poll_interval()
     logs = LogFollower(client, job["id"]) if follow else None
     seen = (job["state"], job.get("queue_position"))
     preempted_since = outage_since = None
@@ -239,10 +176,10 @@ def wait_for_job(
         else:
             preempted_since = None
         if deadline is not None and time.monotonic() > deadline:
-            _err(f"job {job['id']} still {job['state']} after --timeout {timeout:g}s")
+            err(f"job {job['id']} still {job['state']} after --timeout {timeout:g}s")
             if cancel_on_timeout:
                 client.job_cancel(job["id"])
-                _err(f"job {job['id']}: cancel requested")
+                err(f"job {job['id']}: cancel requested")
             return EXIT_TIMEOUT
         time.sleep(interval)
         try:
@@ -251,27 +188,27 @@ def wait_for_job(
                     pass
             job = client.job(job["id"])
         except ApiError as exc:
-            if not _transient(exc):
+            if not transient(exc):
                 raise
             outage_since = outage_since or time.monotonic()
-            if time.monotonic() - outage_since > _outage_patience():
+            if time.monotonic() - outage_since > outage_patience():
                 raise
             if not quiet:
-                _err(f"platform unreachable, still waiting: {exc}")
+                err(f"platform unreachable, still waiting: {exc}")
             continue
         if outage_since is not None and not quiet:
-            _err("the platform answers again")
+            err("the platform answers again")
         outage_since = None
         now = (job["state"], job.get("queue_position"))
         if now != seen and not quiet:
-            _err(f"job {job['id']}: {job['state']}" + _queue_text(job))
+            err(f"job {job['id']}: {job['state']}" + _queue_text(job))
         seen = now
     code = job_exit_code(job)
     if as_json:
         print(json.dumps(job))
     if not quiet:
         detail = f"exit code {job['exit_code']}" if job.get("exit_code") is not None else job.get("stop_reason") or ""
-        _err(f"job {job['id']} {job['state']}" + (f": {detail}" if detail else "") + f" (cost {job['cost']})")
+        err(f"job {job['id']} {job['state']}" + (f": {detail}" if detail else "") + f" (cost {job['cost']})")
     return code
 
 
@@ -289,7 +226,7 @@ def cmd_wait(client: Client, args) -> int:
 
 def cmd_logs(client: Client, args) -> int:
     logs = LogFollower(client, args.job, offset=args.offset)
-    interval = _poll_interval()
+    interval = poll_interval()
     while True:
         while logs.poll():
             pass
@@ -301,17 +238,9 @@ def cmd_logs(client: Client, args) -> int:
 # --- the rest -------------------------------------------------------------------
 
 
-def _print(data, as_json: bool, lines=None) -> None:
-    if as_json or lines is None:
-        print(json.dumps(data, indent=None if as_json else 2))
-        return
-    for line in lines:
-        print(line)
-
-
 def cmd_status(client: Client, args) -> int:
     job = client.job(args.job)
-    _print(
+    print_out(
         job,
         args.json,
         [
@@ -336,14 +265,14 @@ def cmd_list(client: Client, args) -> int:
         for j in page["results"]
     ]
     header = f"{'ID':>8}  {'STATE':<10} {'KIND':<9} {'GPUS':>5}  {'SUBMITTED':<19}  NAME"
-    _print(page, args.json, [header, *rows, f"({len(rows)} of {page['count']})"])
+    print_out(page, args.json, [header, *rows, f"({len(rows)} of {page['count']})"])
     return 0
 
 
 def cmd_cancel(client: Client, args) -> int:
     job = client.job_cancel(args.job)
     note = "" if job["state"] == "cancelled" else " (stopping)"
-    _print(job, args.json, [f"job {job['id']}: {job['state']}{note}"])
+    print_out(job, args.json, [f"job {job['id']}: {job['state']}{note}"])
     return 0
 
 
@@ -351,12 +280,12 @@ def cmd_usage(client: Client, args) -> int:
     now = datetime.now(UTC).replace(microsecond=0)
     start = args.start or now.replace(day=1, hour=0, minute=0, second=0).isoformat()
     end = args.end or (now + timedelta(seconds=1)).isoformat()
-    _print(client.get("usage/", start=start, end=end, group_by=args.group_by), args.json)
+    print_out(client.get("usage/", start=start, end=end, group_by=args.group_by), args.json)
     return 0
 
 
 def cmd_quota(client: Client, args) -> int:
-    _print(client.get("quota/"), args.json)
+    print_out(client.get("quota/"), args.json)
     return 0
 
 
@@ -368,7 +297,7 @@ def cmd_estimate(client: Client, args) -> int:
         "priority": args.priority,
         "gpu_model": args.gpu_model,
     }
-    _print(client.get("estimate/", **params), args.json)
+    print_out(client.get("estimate/", **params), args.json)
     return 0
 
 
@@ -378,7 +307,7 @@ def cmd_estimate(client: Client, args) -> int:
 def parser_build() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushare",
-        description="Submit and follow GPU jobs on gpushare.",
+        description="Submit and follow GPU jobs, and deploy inference endpoints, on gpushare.",
         epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -397,7 +326,7 @@ def parser_build() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", help="YAML (or JSON) file with the job's fields; '-' reads stdin")
     p.add_argument("--name")
     p.add_argument("--kind", choices=["training", "inference"])
-    p.add_argument("--gpus", type=_gpus, help="1-8 whole GPUs, or 0.125/0.25/0.5 of one (inference)")
+    p.add_argument("--gpus", type=gpus_arg, help="1-8 whole GPUs, or 0.125/0.25/0.5 of one (inference)")
     p.add_argument("--image")
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--gpu-model")
@@ -456,25 +385,45 @@ def parser_build() -> argparse.ArgumentParser:
 
     p = sub.add_parser("estimate", help="what a job would cost")
     p.add_argument("--kind", choices=["training", "inference"], default="training")
-    p.add_argument("--gpus", type=_gpus, default=1)
+    p.add_argument("--gpus", type=gpus_arg, default=1)
     p.add_argument("--max-runtime-seconds", type=int, default=3600)
     p.add_argument("--priority")
     p.add_argument("--gpu-model")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_estimate)
+
+    endpoint_parser_add(sub)
     return parser
 
 
+def args_parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``, with everything after the first ``--`` taken as the command.
+
+    argparse cannot itself take a positional (``endpoint deploy NAME``) followed by
+    a command that has flags of its own (``-- python serve.py --port 1``): it
+    would give the command's flags to NAME's parser, or refuse them.
+    """
+    parser = parser_build()
+    if "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    args = parser.parse_args(argv[:cut])
+    if not hasattr(args, "command"):
+        parser.error("only 'submit' and 'endpoint deploy' take a command after '--'")
+    args.command = [*command_arg(args.command), *argv[cut + 1 :]]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser_build().parse_args(argv)
+    args = args_parse(sys.argv[1:] if argv is None else list(argv))
     try:
         client = Client(config_load(url=args.url, token=args.token), retries=args.retries)
         return args.func(client, args)
     except (ConfigError, UsageError) as exc:
-        _err(str(exc))
+        err(str(exc))
         return EXIT_USAGE
     except ApiError as exc:
-        _err(f"{exc.code + ': ' if exc.code else ''}{exc}")
+        err(f"{exc.code + ': ' if exc.code else ''}{exc}")
         return EXIT_API
     except KeyboardInterrupt:
         return 130

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -34,7 +36,13 @@ def _values(data: dict) -> dict:
 
 @extend_schema_view(
     list=extend_schema(
-        summary="List the tenant's endpoints", responses={200: EndpointSerializer(many=True), **ERROR_RESPONSES}
+        summary="List the tenant's endpoints",
+        parameters=[
+            OpenApiParameter(
+                "name", str, required=False, description="only the endpoint with exactly this name (what the CLI uses)"
+            )
+        ],
+        responses={200: EndpointSerializer(many=True), **ERROR_RESPONSES},
     ),
     retrieve=extend_schema(
         summary="Get an endpoint with its replicas", responses={200: EndpointSerializer, **ERROR_RESPONSES}
@@ -49,11 +57,21 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Endpoint.objects.none()
-        return (
-            Endpoint.objects.filter(tenant=self.tenant, state=Endpoint.State.ACTIVE)
-            .select_related("tenant")
-            .prefetch_related("replicas__job__node")
-        )
+        endpoints = Endpoint.objects.filter(tenant=self.tenant, state=Endpoint.State.ACTIVE)
+        if self.action == "list" and "name" in self.request.query_params:
+            endpoints = endpoints.filter(name=self._name_param())
+        return endpoints.select_related("tenant").prefetch_related("replicas__job__node")
+
+    def _name_param(self) -> str:
+        """``?name=``: an endpoint name is a slug, so anything else is a typo worth a 400, not an empty list."""
+        name = self.request.query_params["name"]
+        try:
+            validate_slug(name)
+        except ValidationError as exc:
+            raise ApiError(
+                "name must be an endpoint name (letters, digits, - and _)", fields={"name": ["invalid"]}
+            ) from exc
+        return name
 
     @extend_schema(
         summary="Deploy an endpoint",
