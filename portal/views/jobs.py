@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from endpoints.models import Endpoint
 from scheduler import services
 from scheduler.api.idempotency import Submitted, job_submit_idempotent
 from scheduler.models import TERMINAL_STATES, Job, JobKind, JobState
@@ -197,7 +198,9 @@ def _detail_context(request, job: Job) -> dict:
 @tenant_page
 def job_detail(request, pk: int):
     job = _job(request, pk)
-    return page(request, "portal/job_detail.html", _detail_context(request, job))
+    # A replica of an inference endpoint links back to it.
+    endpoint = Endpoint.objects.filter(tenant=request.portal.tenant, replicas__job=job).only("pk", "name").first()
+    return page(request, "portal/job_detail.html", {**_detail_context(request, job), "endpoint": endpoint})
 
 
 @tenant_page

@@ -6,6 +6,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from django_scopes import scopes_disabled
@@ -92,3 +94,27 @@ def test_a_deleted_endpoint_leaves_the_list_and_its_page(client_for, tenant):
 
 def test_anonymous_is_sent_to_log_in(client):
     assert client.get(reverse("portal:endpoints"))["Location"].startswith("/accounts/login/")
+
+
+def test_a_replicas_job_page_links_to_its_endpoint(client_for, tenant):
+    from endpoints.models import Replica
+    from tests.portal.conftest import job_make
+
+    endpoint = deploy(tenant)
+    job = job_make(tenant, kind="inference", gpus=250)
+    with scopes_disabled():
+        Replica.objects.create(tenant=tenant, endpoint=endpoint, job=job, version=1, port=20001)
+    page = client_for(tenant).get(reverse("portal:job", kwargs={"pk": job.pk})).content.decode()
+    assert f'a replica of endpoint <a href="{reverse("portal:endpoint", kwargs={"pk": endpoint.pk})}">llm</a>' in page
+
+
+def test_the_list_queries_do_not_grow_with_endpoints(client_for, tenant, django_assert_max_num_queries):
+    client = client_for(tenant)
+    deploy(tenant, "one")
+    with CaptureQueriesContext(connection) as one:
+        client.get(reverse("portal:endpoints"))
+    for n in range(5):
+        deploy(tenant, f"more-{n}")
+    with django_assert_max_num_queries(len(one)):
+        page = client.get(reverse("portal:endpoints")).content.decode()
+    assert page.count("data-endpoint=") == 6
