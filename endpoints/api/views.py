@@ -13,7 +13,7 @@ from accounts.permissions import RoleAllows
 from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 from scheduler.services import JobError
 
-from .. import services
+from .. import metrics, services
 from ..models import Endpoint, EndpointLoad, Replica
 from .serializers import (
     EndpointSerializer,
@@ -131,11 +131,29 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         return Response(EndpointSerializer(self.get_queryset().get(pk=endpoint.pk)).data)
 
     @extend_schema(
-        summary="Traffic, latency and scaling history of an endpoint", responses={200: dict, **ERROR_RESPONSES}
+        summary="Traffic, latency, replicas and cost of an endpoint over a window",
+        parameters=[
+            OpenApiParameter(
+                "window",
+                str,
+                enum=list(metrics.WINDOWS),
+                description="history shown in `series` (default 1h; one point per minute, 5 min, 15 min, 1 h)",
+            ),
+            OpenApiParameter("days", int, description="days of `cost_by_day` (1-90, default 30)"),
+        ],
+        responses={200: dict, **ERROR_RESPONSES},
     )
     @action(detail=True, methods=["get"])
     def metrics(self, request, pk=None):
         endpoint = self.get_object()
+        try:
+            window = metrics.window_named(request.query_params.get("window"))
+        except ValueError as exc:
+            raise ApiError(str(exc), fields={"window": [str(exc)]}) from exc
+        raw_days = request.query_params.get("days", "30")
+        if not raw_days.isdigit() or not 1 <= int(raw_days) <= 90:
+            message = "days must be a whole number from 1 to 90"
+            raise ApiError(message, fields={"days": [message]})
         load = EndpointLoad.objects.filter(endpoint=endpoint).first()
         events = endpoint.scaling_events.all()[:100]
         live = endpoint.replicas.exclude(state=Replica.State.STOPPED).count()
@@ -147,6 +165,11 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
                 "requests_total": load.requests_total if load else 0,
                 "errors_total": load.errors_total if load else 0,
                 "latency_ms": load.latency_ms if load else {},
+                "series": metrics.traffic_series(endpoint, window=window),
+                "cost_by_day": [
+                    {"date": row["date"].isoformat(), "gpu_ms": row["gpu_ms"], "cost": str(row["amount"])}
+                    for row in metrics.cost_by_day(endpoint, days=int(raw_days))
+                ],
                 "scaling_events": ScalingEventSerializer(events, many=True).data,
             }
         )
