@@ -4,11 +4,13 @@ Limits come from the tenant's ``TenantQuota`` (the operator's overrides), then
 its plan, then the plan named ``default``; a limit left empty everywhere is no
 limit. Three uses:
 
-- ``submission_check`` runs inside ``scheduler.services.job_submit`` under a
-  row lock on the tenant, so concurrent submits are serialised per tenant and
-  can never pass a limit together. It refuses a job that can never fit
-  (``quota_exceeded``: the message names the limit) and any job once the
-  month's GPU-hours or spend is used up (``budget_exhausted``).
+- ``submission_check`` runs inside ``scheduler.services.job_submit`` holding
+  the tenant row ``FOR SHARE`` (a suspension or quota change waits for it) and,
+  for a tenant with ``max_open_jobs``, a per-tenant lock, so concurrent submits
+  can never pass a limit together; without that limit they run in parallel.
+  It refuses a job that can never fit (``quota_exceeded``: the message names
+  the limit) and any job once the month's GPU-hours or spend is used up
+  (``budget_exhausted``).
 - ``tenant_limits_for_scheduling`` gives the scheduler what a tenant may hold
   at once; a job that fits the limits but not right now waits, with the
   limit named in ``pending_reason``.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 from django_scopes import scopes_disabled
@@ -364,24 +367,55 @@ def tenant_limits_for_scheduling(*, now: datetime | None = None) -> dict[int, Te
 
 # --- admission (inside job_submit's transaction) ---------------------------------
 
+OPEN_JOBS_LOCK = 0x6F70_656E  # "open": advisory lock namespace, (this, tenant id)
+
+
+def _tenant_share_locked(tenant_id: int) -> Tenant:
+    """The tenant row, held ``FOR SHARE`` until the caller's transaction ends.
+
+    Shared: concurrent submits of one tenant do not wait for each other, while a
+    suspension or a quota change (which lock the row ``FOR NO KEY UPDATE``) waits
+    for them, so the state and limits a submit checks stay true until it commits.
+    Rows that merely reference the tenant (``FOR KEY SHARE``) are never blocked.
+    """
+    if connection.vendor != "postgresql":  # SQLite: writers are serialised already
+        return Tenant.objects.get(pk=tenant_id)
+    return Tenant.objects.raw(f"SELECT * FROM {Tenant._meta.db_table} WHERE id = %s FOR SHARE", [tenant_id])[0]
+
+
+def _open_jobs_lock(tenant_id: int) -> None:
+    """Serialise the submits of one tenant until the caller's transaction ends.
+
+    Only a ``max_open_jobs`` limit needs this: the count a submit sees must
+    include every job committed before it, and its own job must be committed
+    before the next submit counts. A transaction-level advisory lock, so the row
+    lock above can stay shared (two shared holders upgrading would deadlock).
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [OPEN_JOBS_LOCK, tenant_id])
+
 
 @scopes_disabled()
 def submission_check(*, tenant: Tenant, mode: str, gpu_milli: int) -> None:
     """Refuse a submission the tenant's quotas or budget forbid (raises ``JobError``).
 
-    Takes a row lock on the tenant for the rest of the caller's transaction:
-    concurrent submits of one tenant are serialised, so the count of open jobs
-    they see is always the committed one.
+    Holds the tenant row ``FOR SHARE`` for the rest of the caller's transaction,
+    and, when the tenant has a ``max_open_jobs`` limit, a per-tenant lock that
+    serialises its submits so the count of open jobs they see is always the
+    committed one. The other limits need no count: a job's size is checked
+    against the limit alone, and submits do not change the month's usage.
     """
     from scheduler.models import TERMINAL_STATES, Job
     from scheduler.services import JobError
 
-    locked = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    locked = _tenant_share_locked(tenant.pk)
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
     limits = limits_for(locked)
     open_jobs = 0
     if limits.max_open_jobs is not None:
+        _open_jobs_lock(locked.pk)
         open_jobs = Job.objects.filter(tenant_id=locked.pk).exclude(state__in=TERMINAL_STATES).count()
     budgeted = limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None
     usage = month_usage(locked) if budgeted else MonthUsage()

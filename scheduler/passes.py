@@ -6,7 +6,13 @@ commit. The number of queries does not grow with the queue.
 Passes are asked for on submit/finish events (:func:`pass_request`) and run
 every few seconds by beat. A trigger that arrives while a pass is already
 queued is folded into it; the flag is cleared when the queued pass starts,
-before it reads anything, so a trigger is never lost.
+before it reads anything, so a trigger is never lost. Passes are also paced:
+a trigger that arrives while a pass runs asks for the next one no sooner than
+twice the last pass's duration after this one started (at most 1 s later), so
+a stream of triggers (a burst of submits, exits streaming in) gets passes that
+take at most about half the time, instead of passes back to back taking a core
+from the requests that trigger them. A trigger that arrives between passes
+(a lone submit on a quiet cluster) starts a pass at once.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ log = logging.getLogger(__name__)
 
 PASS_FLAG_KEY = "gpushare:scheduler:pass-queued"
 PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it anyway
+PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when the next may start
+PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
+PACE_FACTOR = 2  # passes take at most about 1/PACE_FACTOR of the time
+PACE_MAX_MS = 1000
 ESTIMATE_SLACK = timedelta(seconds=30)  # estimated starts move less than this are not rewritten
 
 
@@ -62,28 +72,54 @@ def _redis():
     return redis.Redis.from_url(url, socket_timeout=2)
 
 
+def pace_ms(last_ms: int) -> int:
+    """How long after a pass starts the next may start, given the last pass's duration."""
+    return min(PACE_FACTOR * max(0, last_ms), PACE_MAX_MS)
+
+
 def pass_request() -> None:
-    """Enqueue a pass unless one is queued and not started yet."""
+    """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait."""
     from .tasks import schedule_pass_task
 
     client = _redis()
+    wait_ms = 0
     if client is not None:
         try:
-            if not client.set(PASS_FLAG_KEY, "1", nx=True, ex=PASS_FLAG_TTL_S):
+            with client.pipeline(transaction=False) as pipe:
+                pipe.set(PASS_FLAG_KEY, "1", nx=True, ex=PASS_FLAG_TTL_S).pttl(PASS_PACE_KEY)
+                queued, wait_ms = pipe.execute()
+            if not queued:
                 return
         except redis.RedisError:  # Redis down: enqueue anyway, the broker will say more
             log.warning("could not coalesce the scheduling pass trigger", exc_info=True)
-    schedule_pass_task.delay()
+    if wait_ms > 0:  # pttl: -2 without the key
+        schedule_pass_task.apply_async(countdown=wait_ms / 1000)
+    else:
+        schedule_pass_task.delay()
 
 
-def pass_flag_clear() -> None:
-    """Called as a queued pass starts: triggers from now on enqueue the next one."""
+def pass_started() -> None:
+    """Called as a pass starts: triggers from now on enqueue the next one, paced after this one."""
     client = _redis()
     if client is not None:
         try:
-            client.delete(PASS_FLAG_KEY)
-        except redis.RedisError:
+            with client.pipeline(transaction=False) as pipe:
+                _, last_ms = pipe.delete(PASS_FLAG_KEY).get(PASS_LAST_MS_KEY).execute()
+            if wait_ms := pace_ms(int(last_ms or 0)):
+                client.set(PASS_PACE_KEY, "1", px=wait_ms)
+        except (redis.RedisError, ValueError):
             log.warning("could not clear the scheduling pass flag", exc_info=True)
+
+
+def pass_finished(seconds: float) -> None:
+    """Remember how long the pass took (the pace of the next ones); a trigger from now on needs no wait."""
+    client = _redis()
+    if client is not None:
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                pipe.set(PASS_LAST_MS_KEY, int(seconds * 1000), ex=3600).delete(PASS_PACE_KEY).execute()
+        except redis.RedisError:
+            log.warning("could not record the scheduling pass duration", exc_info=True)
 
 
 # -- reading the state ---------------------------------------------------------------------------------------

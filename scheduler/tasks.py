@@ -7,8 +7,9 @@ from . import passes, services
 
 @shared_task(name="scheduler.pass", ignore_result=True)
 def schedule_pass_task() -> dict:
-    passes.pass_flag_clear()
+    passes.pass_started()
     result = services.schedule_pass()
+    passes.pass_finished(result.seconds)
     return {"placed": result.placed, "pending": result.pending}
 
 

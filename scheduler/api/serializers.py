@@ -111,7 +111,8 @@ ISOLATION_CHOICES = ["exclusive", "mig", "mps", "none"]
 
 
 class JobSerializer(serializers.ModelSerializer):
-    """The job as the API shows it. ``queue_positions`` in the context (job id -> position) saves a query per job."""
+    """The job as the API shows it. ``queue_positions`` in the context (job id -> position) saves a query per job;
+    ``gpu_uuids`` (job id -> uuids) saves reading the allocations of a job known to hold none."""
 
     gpus = serializers.SerializerMethodField()
     priority = serializers.CharField(source="priority.name")
@@ -163,7 +164,8 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_gpu_uuids(self, job: Job) -> list[str]:
-        return job_gpu_uuids(job)
+        known = self.context.get("gpu_uuids", {}).get(job.pk)
+        return known if known is not None else job_gpu_uuids(job)
 
     @extend_schema_field(serializers.ChoiceField(choices=ISOLATION_CHOICES, allow_null=True))
     def get_isolation(self, job: Job) -> str | None:
@@ -180,7 +182,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=6, coerce_to_string=True))
     def get_cost(self, job: Job) -> str:
-        return str(job.cost.quantize(Decimal("0.000001")))
+        return str(Decimal(job.cost).quantize(Decimal("0.000001")))  # a job just created holds the int default
 
     @extend_schema_field(JobUsageSerializer)
     def get_usage(self, job: Job) -> dict:

@@ -15,7 +15,7 @@ from accounts.permissions import RoleAllows
 from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 
 from .. import services
-from ..models import TERMINAL_STATES, Job
+from ..models import TERMINAL_STATES, Job, JobState
 from ..selectors import job_log_read, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
@@ -59,7 +59,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        positions = queue_positions(job_ids=[job.pk for job in page])
+        positions = queue_positions(job_ids=[job.pk for job in page if job.state == JobState.QUEUED])
         context = {**self.get_serializer_context(), "queue_positions": positions}
         serializer = JobSerializer(page, many=True, context=context)
         return self.get_paginated_response(serializer.data)
@@ -88,10 +88,11 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             submitted = job_submit_idempotent(tenant=self.tenant, user=request.user, spec=spec, idempotency_key=key)
         except services.JobError as exc:
             raise ApiError.from_service(exc) from exc
-        job = self.get_queryset().get(pk=submitted.job.pk)
-        return Response(
-            JobSerializer(job).data, status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK
-        )
+        if not submitted.created:
+            return Response(JobSerializer(self.get_queryset().get(pk=submitted.job.pk)).data)
+        # The job as just committed (queued, never placed, nothing used): no need to read it back.
+        context = {**self.get_serializer_context(), "gpu_uuids": {submitted.job.pk: []}}
+        return Response(JobSerializer(submitted.job, context=context).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         summary="Cancel a job",

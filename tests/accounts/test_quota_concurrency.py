@@ -1,5 +1,8 @@
 """50 simultaneous submits over HTTP (live server, one thread per request, PostgreSQL)
-can never put a tenant over a limit: the admission check holds a row lock on the tenant."""
+can never put a tenant over a limit: the admission check holds the tenant row FOR SHARE
+and, for a tenant with max_open_jobs, a per-tenant lock that serialises its submits.
+Submits of a tenant without that limit do not wait for each other; a suspension waits
+for the submits in flight."""
 
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ def test_fifty_threads_racing_for_the_last_open_slot():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_tenant_lock_does_not_block_rows_that_merely_reference_the_tenant():
-    """submission_check locks FOR NO KEY UPDATE: a scheduling pass inserting an allocation (a foreign
+    """submission_check locks the tenant FOR SHARE: a scheduling pass inserting an allocation (a foreign
     key to the tenant, which takes FOR KEY SHARE) is not blocked by a submit in flight, so a suspend
     (tenant lock, then job locks) and a pass (job locks, then tenant FK) cannot deadlock."""
     import time
@@ -126,3 +129,98 @@ def test_the_tenant_lock_does_not_block_rows_that_merely_reference_the_tenant():
         release.set()
         holder.join(30)
     assert elapsed < 2.5
+
+
+def _hold_admission(tenant, locked: threading.Event, release: threading.Event) -> threading.Thread:
+    """A thread that passes submission_check for ``tenant`` and keeps its transaction open until ``release``."""
+    from django.db import transaction
+
+    from accounts.quotas import submission_check
+
+    def hold():
+        try:
+            with transaction.atomic():
+                submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(30)
+    return thread
+
+
+def _with_lock_timeout(fn, timeout: str = "2s"):
+    """Run ``fn`` in a transaction that gives up waiting for a lock after ``timeout``."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{timeout}'")
+        return fn()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submits_of_a_tenant_without_an_open_jobs_limit_do_not_wait_for_each_other():
+    import time
+
+    platform_rules_seed()
+    tenant = TenantFactory(slug="race-e")
+    quota_set(tenant=tenant, actor=None, max_dedicated_gpus=2)  # a limit that needs no count
+    locked, release = threading.Event(), threading.Event()
+    holder = _hold_admission(tenant, locked, release)
+    started = time.monotonic()
+    try:
+        job = _with_lock_timeout(
+            lambda: job_submit(tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["x"]))
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(30)
+    assert job.pk and elapsed < 1.5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submits_of_a_tenant_with_an_open_jobs_limit_wait_for_the_one_in_flight():
+    from django.db import OperationalError
+
+    platform_rules_seed()
+    tenant = TenantFactory(slug="race-f")
+    quota_set(tenant=tenant, actor=None, max_open_jobs=10)
+    locked, release = threading.Event(), threading.Event()
+    holder = _hold_admission(tenant, locked, release)
+    try:
+        with pytest.raises(OperationalError, match="lock timeout"):
+            _with_lock_timeout(
+                lambda: job_submit(
+                    tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["x"])
+                ),
+                "500ms",
+            )
+    finally:
+        release.set()
+        holder.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspension_waits_for_the_submits_in_flight():
+    """A submit that passed the state check commits before the suspension does: no job is ever
+    admitted after a suspension committed."""
+    from django.db import OperationalError
+
+    from accounts.services import tenant_suspend
+
+    platform_rules_seed()
+    tenant = TenantFactory(slug="race-g")
+    locked, release = threading.Event(), threading.Event()
+    holder = _hold_admission(tenant, locked, release)
+    try:
+        with pytest.raises(OperationalError, match="lock timeout"):
+            _with_lock_timeout(lambda: tenant_suspend(tenant=tenant, actor=None, reason="unpaid"), "500ms")
+    finally:
+        release.set()
+        holder.join(30)
+    tenant_suspend(tenant=tenant, actor=None, reason="unpaid")  # once the submit has committed

@@ -6,6 +6,8 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -163,6 +165,35 @@ def test_list_query_count_does_not_grow_with_jobs(rules, tenant, api_client_for,
     with django_assert_max_num_queries(8):
         response = client.get("/api/v1/jobs/")
     assert response.json()["count"] == 20
+
+
+def test_submit_answers_the_job_as_stored_without_reading_it_back(rules, tenant, api_client_for):
+    """The 201 body is built from the job just committed; it must be exactly what a read returns."""
+    client = api_client_for(tenant)
+    client.post("/api/v1/jobs/", {"kind": "inference", "gpus": 0.25, "command": ["true"]}, format="json")
+    body = {"name": "x", "kind": "inference", "gpus": 0.5, "command": ["a", "b"], "env": {"A": "1"}, "image": "img"}
+    with CaptureQueriesContext(connection) as queries:
+        created = client.post("/api/v1/jobs/", body, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json() == client.get(f"/api/v1/jobs/{created.json()['id']}/").json()
+    assert created.json()["queue_position"] == 2 and created.json()["gpu_uuids"] == []
+    job_reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('SELECT "scheduler_job"."id", ')]
+    allocation_reads = [q["sql"] for q in queries.captured_queries if 'FROM "scheduler_allocation"' in q["sql"]]
+    assert job_reads == [] and allocation_reads == []
+
+
+def test_a_page_without_queued_jobs_skips_the_queue_position_query(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    first = job_make(tenant)
+    client.get("/api/v1/jobs/")  # warm the token's last-used stamp
+    with CaptureQueriesContext(connection) as with_queued:
+        client.get("/api/v1/jobs/")
+    with scopes_disabled():
+        Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
+    with CaptureQueriesContext(connection) as without_queued:
+        page = client.get("/api/v1/jobs/").json()
+    assert page["count"] == 1 and page["results"][0]["queue_position"] is None
+    assert len(without_queued.captured_queries) == len(with_queued.captured_queries) - 1
 
 
 def test_cancel_queued_job(rules, tenant, api_client_for):
