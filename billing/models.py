@@ -43,8 +43,11 @@ class UsageWindow(models.Model):
     happens once, on the invoice line.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    job = models.ForeignKey("scheduler.Job", on_delete=models.CASCADE, related_name="usage_windows")
+    # Every index is written once per window at ingest, so they are few:
+    # tenant and job are indexed by (tenant, start_ms) and (job, start_ms),
+    # price is never looked up.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    job = models.ForeignKey("scheduler.Job", on_delete=models.CASCADE, related_name="usage_windows", db_index=False)
     node = models.ForeignKey("agents.Node", on_delete=models.PROTECT, related_name="+")
     attempt = models.PositiveIntegerField(default=1)
     seq = models.PositiveIntegerField()
@@ -58,7 +61,7 @@ class UsageWindow(models.Model):
     memory_peak_mb = models.PositiveIntegerField(default=0)
     energy_mj = models.BigIntegerField(default=0)
     priority_class = models.CharField(max_length=50, blank=True)
-    price = models.ForeignKey(Price, on_delete=models.PROTECT, null=True, related_name="+")
+    price = models.ForeignKey(Price, on_delete=models.PROTECT, null=True, related_name="+", db_index=False)
     amount = models.DecimalField(max_digits=20, decimal_places=10)
     received_at = models.DateTimeField(auto_now_add=True)
 
@@ -70,7 +73,11 @@ class UsageWindow(models.Model):
             models.UniqueConstraint(fields=["job", "node", "attempt", "seq"], name="usage_window_unique_seq"),
             models.CheckConstraint(condition=models.Q(end_ms__gt=models.F("start_ms")), name="usage_window_positive"),
         ]
-        indexes = [models.Index(fields=["tenant", "start_ms"])]
+        indexes = [
+            models.Index(fields=["tenant", "start_ms"]),
+            # Ingest's replay and overlap checks read a job's windows near the batch's start.
+            models.Index(fields=["job", "start_ms"], name="usage_window_job_start"),
+        ]
 
 
 class TenantDiscount(models.Model):
@@ -176,6 +183,33 @@ class InvoiceLine(models.Model):
         ordering = ["gpu_model", "mode", "priority_class", "rate_per_gpu_hour"]
 
 
+class ChargeBatch(models.Model):
+    """The charges one ingest transaction wrote for one tenant and month: the unit an invoice takes.
+
+    Closing a month marks batches, not charges: a few rows per tenant instead
+    of one per window (set per charge, ``invoice_id`` cost a row update and
+    index entries per window at every close). A batch is committed with its
+    charges, so a close either sees all of a batch or none of it; a batch
+    committed after the close goes on the tenant's next invoice.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    month = models.DateField()
+    # Set when the batch is put on an invoice (cleared when that invoice is voided).
+    invoice = models.ForeignKey(Invoice, on_delete=models.SET_NULL, null=True, blank=True, related_name="batches")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["month", "tenant"], condition=models.Q(invoice__isnull=True), name="charge_batch_pending"
+            )
+        ]
+
+
 class Charge(models.Model):
     """A rated piece of a usage window: the part of it under one price, discount and month.
 
@@ -184,25 +218,33 @@ class Charge(models.Model):
     proportion to time, so the pieces add up exactly to the window.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Ingest writes every index and checks every foreign key once per charge,
+    # so both are few. tenant, job and price are copies of the window's, which
+    # has the database constraints: here they are plain columns to the
+    # database (the ORM still cascades and protects on delete). tenant is
+    # indexed by (tenant, month); price is never looked up.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False)
     window = models.ForeignKey(UsageWindow, on_delete=models.CASCADE, related_name="charges")
-    job = models.ForeignKey("scheduler.Job", on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey("scheduler.Job", on_delete=models.CASCADE, related_name="+", db_constraint=False)
     month = models.DateField()
     start_ms = models.BigIntegerField()
     end_ms = models.BigIntegerField()
     gpu_model = models.CharField(max_length=64)
     mode = models.CharField(max_length=16)
     priority_class = models.CharField(max_length=50)
-    price = models.ForeignKey(Price, on_delete=models.PROTECT, null=True, related_name="+")
+    price = models.ForeignKey(
+        Price, on_delete=models.PROTECT, null=True, related_name="+", db_index=False, db_constraint=False
+    )
     rate_per_gpu_hour = models.DecimalField(max_digits=20, decimal_places=10)
     gpu_ms = models.BigIntegerField()
     sm_util_ms = models.BigIntegerField(default=0)
     memory_mb_ms = models.BigIntegerField(default=0)
     energy_mj = models.BigIntegerField(default=0)
     amount = models.DecimalField(max_digits=20, decimal_places=10)
-    # Set when the charge is put on an invoice; a charge that arrives after
-    # its month was closed goes on the tenant's next invoice.
-    invoice = models.ForeignKey(Invoice, on_delete=models.SET_NULL, null=True, blank=True, related_name="charges")
+    # The batch decides the invoice. Null only for a charge written outside
+    # ingest (a fixture, a manual correction): the next close adopts it into a
+    # batch of its own before invoicing.
+    batch = models.ForeignKey(ChargeBatch, on_delete=models.RESTRICT, null=True, blank=True, related_name="charges")
 
     objects = ScopedManager(tenant="tenant")
 
@@ -213,9 +255,13 @@ class Charge(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant", "month"]),
-            models.Index(fields=["month", "invoice"]),
-            models.Index(fields=["job"]),
+            models.Index(fields=["month"], condition=models.Q(batch__isnull=True), name="charge_unbatched"),
         ]
+
+    @property
+    def invoice(self) -> Invoice | None:
+        """The invoice this charge is on (through its batch), or None while uninvoiced."""
+        return self.batch.invoice if self.batch_id else None
 
 
 class StripeEvent(models.Model):

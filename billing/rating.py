@@ -13,6 +13,7 @@ line, ROUND_HALF_UP to cents (see docs/billing.md).
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
@@ -59,6 +60,12 @@ def month_start_ms(month: date) -> int:
 
 def next_month(month: date) -> date:
     return date(month.year + (month.month == 12), month.month % 12 + 1, 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _month_end_ms(month: date) -> int:
+    """The first instant after ``month`` (cached: every window of a month asks)."""
+    return month_start_ms(next_month(month))
 
 
 def month_bounds_ms(month: date) -> tuple[int, int]:
@@ -144,6 +151,16 @@ def _split(total: int, weights: list[int]) -> list[int]:
     return [*parts, total - sum(parts)]
 
 
+@functools.lru_cache(maxsize=1024)
+def _piece_rate(per_gpu_hour: Decimal, multiplier: Decimal, discount_pct: Decimal) -> Decimal:
+    """The effective rate a piece carries, exact to 10 places.
+
+    Cached: ingest rates thousands of windows at a handful of rates.
+    """
+    rate = effective_rate(per_gpu_hour=per_gpu_hour, multiplier=multiplier, discount_pct=discount_pct)
+    return rate.quantize(EXACT, rounding=ROUND_HALF_EVEN)
+
+
 def rate_usage(
     usage: Usage,
     *,
@@ -168,7 +185,7 @@ def rate_usage(
             if edge is not None and usage.start_ms < edge < usage.end_ms:
                 cuts.add(edge)
     month = month_of(usage.start_ms)
-    while (edge := month_start_ms(next_month(month))) < usage.end_ms:
+    while (edge := _month_end_ms(month)) < usage.end_ms:
         cuts.add(edge)
         month = next_month(month)
     edges = sorted(cuts)
@@ -184,11 +201,7 @@ def rate_usage(
         if price is None:
             rate, price_id = Decimal(0), None
         else:
-            rate = effective_rate(
-                per_gpu_hour=price.per_gpu_hour,
-                multiplier=multiplier,
-                discount_pct=discount_in_force(list(discounts), start),
-            ).quantize(EXACT, rounding=ROUND_HALF_EVEN)
+            rate = _piece_rate(price.per_gpu_hour, multiplier, discount_in_force(discounts, start))
             price_id = price.price_id
         pieces.append(
             Piece(

@@ -253,7 +253,7 @@ INVOICE_CSV_COLUMNS = (
 def invoice_job_rows(*, invoice: Invoice):
     """Per job × line key: what the job held and was charged on this invoice (exact amounts)."""
     rows = (
-        Charge.objects.filter(invoice=invoice)
+        Charge.objects.filter(batch__invoice=invoice)
         .values("job_id", "job__name", "gpu_model", "mode", "priority_class", "rate_per_gpu_hour")
         .annotate(
             first=Min("start_ms"),

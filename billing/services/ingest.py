@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import functools
+import io
 import logging
 from collections import defaultdict
+from datetime import date
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -19,7 +22,7 @@ from agents.models import Node
 from scheduler.models import Allocation, Job
 
 from .. import rating
-from ..models import Charge, Price, TenantDiscount, UsageWindow
+from ..models import Charge, ChargeBatch, Price, TenantDiscount, UsageWindow
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +81,14 @@ class _Batch:
             Allocation.objects.filter(job_id__in=job_ids, gpu__node=node).values_list("job_id", "gpu__model")
         )
         # Only stored windows that end after the batch's earliest start can be
-        # replays of, or overlap, a window in this batch.
+        # replays of, or overlap, a window in this batch; as no window lasts
+        # over MAX_WINDOW_MS, they start after earliest - MAX_WINDOW_MS (a
+        # range of the (job, start_ms) index, however long the job has run).
         earliest = min((w["start_ms"] for w in windows if isinstance(w.get("start_ms"), int)), default=0)
         self.stored: dict[int, _JobWindows] = defaultdict(_JobWindows)
-        near = UsageWindow.objects.filter(job_id__in=job_ids, end_ms__gt=earliest)
+        near = UsageWindow.objects.filter(
+            job_id__in=job_ids, start_ms__gt=earliest - MAX_WINDOW_MS, end_ms__gt=earliest
+        ).order_by()
         for job_id, attempt, seq, start, end in near.values_list("job_id", "attempt", "seq", "start_ms", "end_ms"):
             self.stored[job_id].add(attempt, seq, start, end)
         self.prices: dict[tuple[str, str], list[rating.PricePoint]] = defaultdict(list)
@@ -160,11 +167,11 @@ class _Row(NamedTuple):
 _WINDOW_COLUMNS = list(_Row._fields)
 _CHARGE_COLUMNS = [
     "tenant_id", "window_id", "job_id", "month", "start_ms", "end_ms", "gpu_model", "mode", "priority_class",
-    "price_id", "rate_per_gpu_hour", "gpu_ms", "sm_util_ms", "memory_mb_ms", "energy_mj", "amount",
+    "price_id", "rate_per_gpu_hour", "gpu_ms", "sm_util_ms", "memory_mb_ms", "energy_mj", "amount", "batch_id",
 ]  # fmt: skip
 
 
-def _charge_values(row: _Row, window_id: int, piece: rating.Piece) -> tuple:
+def _charge_values(row: _Row, window_id: int, piece: rating.Piece, batch_id: int) -> tuple:
     """A charge row, in _CHARGE_COLUMNS order."""
     return (
         row.tenant_id,
@@ -183,43 +190,88 @@ def _charge_values(row: _Row, window_id: int, piece: rating.Piece) -> tuple:
         piece.memory_mb_ms,
         piece.energy_mj,
         piece.amount,
+        batch_id,
     )
 
 
 def _rows_insert(accepted: list[tuple[_Row, list[rating.Piece]]]) -> None:
-    """Two multi-row INSERTs (windows, then their charges), whatever the batch size."""
+    """Write the batch's charge batches, windows and charges with a fixed number of statements.
+
+    PostgreSQL: the window ids are drawn from the sequence first, so windows
+    and charges go in with one COPY each (no per-row SQL to build or parse).
+    Replays never get here (the caller checked under the job locks), and the
+    unique constraint still stands behind that check.
+    """
     now = timezone.now()
+    keys = sorted({(row.tenant_id, piece.month) for row, pieces in accepted for piece in pieces})
     if connection.vendor != "postgresql":  # the SQLite demo: the ORM's bulk insert
+        made = ChargeBatch.objects.bulk_create(ChargeBatch(tenant_id=t, month=m) for t, m in keys)
+        batches = {(b.tenant_id, b.month): b.pk for b in made}
         stored = UsageWindow.objects.bulk_create(
             [UsageWindow(**row._asdict(), received_at=now) for row, _ in accepted], batch_size=500
         )
-        charges = [
-            Charge(**dict(zip(_CHARGE_COLUMNS, _charge_values(row, window.pk, piece), strict=True)))
-            for (row, pieces), window in zip(accepted, stored, strict=True)
-            for piece in pieces
-        ]
-        Charge.objects.bulk_create(charges, batch_size=500)
+        charges = _charges(accepted, [w.pk for w in stored], batches)
+        Charge.objects.bulk_create([Charge(**dict(zip(_CHARGE_COLUMNS, c, strict=True))) for c in charges])
         return
     window_table, charge_table = UsageWindow._meta.db_table, Charge._meta.db_table
-    with connection.cursor() as cursor:
-        ids = execute_values(
+    with connection.cursor() as cursor, connection.wrap_database_errors:  # psycopg2 errors as Django's
+        made = execute_values(
             cursor.cursor,
-            f"INSERT INTO {window_table} ({', '.join(_WINDOW_COLUMNS)}, received_at) VALUES %s RETURNING id",
-            [(*row, now) for row, _ in accepted],
-            page_size=2000,
+            f"INSERT INTO {ChargeBatch._meta.db_table} (tenant_id, month, created_at) VALUES %s "
+            "RETURNING id, tenant_id, month",
+            [(t, m, now) for t, m in keys],
             fetch=True,
         )
-        charges = [
-            _charge_values(row, window_id, piece)
-            for (row, pieces), (window_id,) in zip(accepted, ids, strict=True)
-            for piece in pieces
-        ]
-        execute_values(
-            cursor.cursor,
-            f"INSERT INTO {charge_table} ({', '.join(_CHARGE_COLUMNS)}) VALUES %s",
-            charges,
-            page_size=2000,
+        batches = {(tenant_id, month): batch_id for batch_id, tenant_id, month in made}
+        cursor.execute(
+            "SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [_window_id_sequence(), len(accepted)]
         )
+        window_ids = [window_id for (window_id,) in cursor.fetchall()]
+        windows = ((window_id, *row, now) for window_id, (row, _) in zip(window_ids, accepted, strict=True))
+        raw = cursor.cursor
+        raw.copy_expert(
+            f"COPY {window_table} (id, {', '.join(_WINDOW_COLUMNS)}, received_at) FROM STDIN", _copy_text(windows)
+        )
+        raw.copy_expert(
+            f"COPY {charge_table} ({', '.join(_CHARGE_COLUMNS)}) FROM STDIN",
+            _copy_text(_charges(accepted, window_ids, batches)),
+        )
+
+
+@functools.cache
+def _window_id_sequence() -> str:
+    """The name of the sequence behind UsageWindow.id (looked up once per process)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [UsageWindow._meta.db_table])
+        return cursor.fetchone()[0]
+
+
+def _charges(
+    accepted: list[tuple[_Row, list[rating.Piece]]], window_ids: list[int], batches: dict[tuple[int, date], int]
+) -> list[tuple]:
+    """Charge rows in _CHARGE_COLUMNS order, each in the batch of its tenant and month."""
+    return [
+        _charge_values(row, window_id, piece, batches[row.tenant_id, piece.month])
+        for (row, pieces), window_id in zip(accepted, window_ids, strict=True)
+        for piece in pieces
+    ]
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(rows) -> io.StringIO:
+    """Rows in COPY's text format.
+
+    NULL is \\N; strings get backslash, tab and newlines escaped; the str() of
+    an int, Decimal, date or datetime is what PostgreSQL reads.
+    """
+    lines = [
+        "\t".join([v.translate(_COPY_ESCAPES) if v.__class__ is str else "\\N" if v is None else str(v) for v in row])
+        for row in rows
+    ]
+    lines.append("")
+    return io.StringIO("\n".join(lines))
 
 
 def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[rating.Piece]] | None:
@@ -296,19 +348,32 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[ra
 
 
 def _job_totals_add(rows: list[_Row]) -> None:
-    totals: dict[int, dict] = {}
+    """Add the batch to its jobs' running totals: one UPDATE for all the jobs."""
+    totals: dict[int, list] = {}
     for row in rows:
-        t = totals.setdefault(row.job_id, {"cost": Decimal(0), "gpu_ms": 0, "sm": 0, "peak": 0, "energy": 0})
-        t["cost"] += row.amount
-        t["gpu_ms"] += row.gpu_ms
-        t["sm"] += row.sm_util_ms
-        t["peak"] = max(t["peak"], row.memory_peak_mb)
-        t["energy"] += row.energy_mj
-    for job_id, t in totals.items():
-        Job.objects.filter(pk=job_id).update(
-            cost=F("cost") + t["cost"],
-            gpu_ms=F("gpu_ms") + t["gpu_ms"],
-            sm_util_ms=F("sm_util_ms") + t["sm"],
-            memory_peak_mb=Greatest(F("memory_peak_mb"), t["peak"]),
-            energy_mj=F("energy_mj") + t["energy"],
+        t = totals.setdefault(row.job_id, [Decimal(0), 0, 0, 0, 0])
+        t[0] += row.amount
+        t[1] += row.gpu_ms
+        t[2] += row.sm_util_ms
+        t[3] = max(t[3], row.memory_peak_mb)
+        t[4] += row.energy_mj
+    if connection.vendor != "postgresql":  # the SQLite demo
+        for job_id, (cost, gpu_ms, sm, peak, energy) in totals.items():
+            Job.objects.filter(pk=job_id).update(
+                cost=F("cost") + cost,
+                gpu_ms=F("gpu_ms") + gpu_ms,
+                sm_util_ms=F("sm_util_ms") + sm,
+                memory_peak_mb=Greatest(F("memory_peak_mb"), peak),
+                energy_mj=F("energy_mj") + energy,
+            )
+        return
+    with connection.cursor() as cursor, connection.wrap_database_errors:
+        execute_values(
+            cursor.cursor,
+            f"UPDATE {Job._meta.db_table} j SET cost = j.cost + v.cost, gpu_ms = j.gpu_ms + v.gpu_ms, "
+            "sm_util_ms = j.sm_util_ms + v.sm, memory_peak_mb = GREATEST(j.memory_peak_mb, v.peak), "
+            "energy_mj = j.energy_mj + v.energy "
+            "FROM (VALUES %s) AS v (id, cost, gpu_ms, sm, peak, energy) WHERE j.id = v.id",
+            [(job_id, *t) for job_id, t in sorted(totals.items())],
+            template="(%s, %s::numeric, %s::bigint, %s::bigint, %s::integer, %s::bigint)",
         )

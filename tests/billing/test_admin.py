@@ -42,7 +42,7 @@ def test_invoice_console_lists_shows_lines_and_voids(operator, fleet, tenant, ot
     assert voided.status_code == 200
     with scopes_disabled():
         assert Invoice.objects.get(pk=invoice.pk).state == Invoice.State.VOID
-        assert not Charge.objects.filter(invoice=invoice).exists()  # back to uninvoiced: the next invoice
+        assert not Charge.objects.filter(batch__invoice=invoice).exists()  # back to uninvoiced: the next invoice
 
 
 def test_discount_console_adds_a_discount(operator, tenant):

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_scopes import scopes_disabled
 
-from billing.models import Charge, TenantDiscount, UsageWindow
+from billing.models import Charge, ChargeBatch, TenantDiscount, UsageWindow
 from billing.services import usage_windows_ingest
 from scheduler.models import Job
 from tests.billing.conftest import dt, ms, price_set, window
@@ -156,3 +156,53 @@ def test_ingest_query_count_does_not_grow_with_the_batch(fleet, tenant):
 
     assert result["stored"] == len(big)
     assert len(q_big) == len(q_small)
+
+
+def test_each_charge_is_in_a_batch_of_its_tenant_and_month(fleet, tenant, other_tenant):
+    node = fleet.node()
+    mine = fleet.job(tenant, node=node, gpu_indexes=[0])
+    theirs = fleet.job(other_tenant, node=node, gpu_indexes=[1])
+    midnight = ms(2026, 4, 1)
+    windows = [window(mine, 0, midnight - 60_000, midnight + 60_000), window(theirs, 0, T0, T0 + 60_000)]
+
+    usage_windows_ingest(node=node, windows=windows)
+
+    with scopes_disabled():
+        charges = list(Charge.objects.select_related("batch"))
+        batches = set(ChargeBatch.objects.values_list("tenant_id", "month"))
+    assert len(charges) == 3
+    assert all((c.batch.tenant_id, c.batch.month) == (c.tenant_id, c.month) for c in charges)
+    assert batches == {
+        (tenant.pk, date(2026, 3, 1)),
+        (tenant.pk, date(2026, 4, 1)),
+        (other_tenant.pk, date(2026, 3, 1)),
+    }
+
+
+def test_text_is_stored_exactly_whatever_it_contains(fleet, tenant):
+    """Windows and charges go in with COPY: tabs, newlines and backslashes must survive its text format."""
+    odd = "H100\\80GB\tPCIe\nrev\\N"
+    node = fleet.node(gpus=(odd,))
+    job = fleet.job(tenant, node=node, model=odd)
+    price_set(odd, "dedicated", "1.00", dt(2026, 1, 1))
+
+    usage_windows_ingest(node=node, windows=[window(job, 0, T0, T0 + 3_600_000 // 4)])
+
+    with scopes_disabled():
+        stored = UsageWindow.objects.get(job=job)
+        charge = Charge.objects.get(job=job)
+    assert stored.gpu_model == charge.gpu_model == odd
+    assert charge.amount == stored.amount == Decimal("0.2500000000")
+
+
+def test_a_replay_is_found_however_long_the_job_has_run(fleet, tenant):
+    node = fleet.node()
+    job = fleet.job(tenant, node=node)
+    hour = [window(job, seq, T0 + seq * 60_000, T0 + (seq + 1) * 60_000) for seq in range(120)]
+    usage_windows_ingest(node=node, windows=hour)
+
+    result = usage_windows_ingest(node=node, windows=[hour[3], window(job, 120, T0 + 7_200_000, T0 + 7_260_000)])
+
+    assert result == {"stored": 1, "rejected": 0, "replayed": 1}
+    with scopes_disabled():
+        assert UsageWindow.objects.filter(job=job).count() == 121
