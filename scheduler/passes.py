@@ -7,12 +7,13 @@ Passes are asked for on submit/finish events (:func:`pass_request`) and run
 every few seconds by beat. A trigger that arrives while a pass is already
 queued is folded into it; the flag is cleared when the queued pass starts,
 before it reads anything, so a trigger is never lost. Passes are also paced:
-a trigger that arrives while a pass runs asks for the next one no sooner than
-twice the last pass's duration after this one started (at most 1 s later), so
-a stream of triggers (a burst of submits, exits streaming in) gets passes that
-take at most about half the time, instead of passes back to back taking a core
-from the requests that trigger them. A trigger that arrives between passes
-(a lone submit on a quiet cluster) starts a pass at once.
+a trigger that arrives while a pass runs asks for the next one after this one's
+expected end plus a rest as long as its time beyond 50 ms (:func:`pace_ms`, at
+most 1 s after its start), so a stream of triggers over a long queue (a burst
+of submits, exits streaming in) gets passes that take at most about half the
+time, instead of passes back to back taking a core from the requests that
+trigger them. A trigger that arrives between passes (a lone submit on a quiet
+cluster) starts a pass at once, and short passes follow each other at once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ PASS_FLAG_KEY = "gpushare:scheduler:pass-queued"
 PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it anyway
 PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when the next may start
 PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
-PACE_FACTOR = 2  # passes take at most about 1/PACE_FACTOR of the time
+PACE_FREE_MS = 50  # a pass shorter than this is followed at once (an idle cluster's passes)
 PACE_MAX_MS = 1000
 ESTIMATE_SLACK = timedelta(seconds=30)  # estimated starts move less than this are not rewritten
 
@@ -73,8 +74,10 @@ def _redis():
 
 
 def pace_ms(last_ms: int) -> int:
-    """How long after a pass starts the next may start, given the last pass's duration."""
-    return min(PACE_FACTOR * max(0, last_ms), PACE_MAX_MS)
+    """How long after a pass starts the next may start, given the last pass's duration: its end, then a
+    rest as long as its time beyond ``PACE_FREE_MS`` (so long passes take at most about half the time)."""
+    last_ms = max(0, last_ms)
+    return min(last_ms + max(0, last_ms - PACE_FREE_MS), PACE_MAX_MS)
 
 
 def pass_request() -> None:
