@@ -1,0 +1,52 @@
+"""A worker process keeps its database connection between tasks, as the web does between
+requests, and replaces one the server killed before the next task's first query."""
+
+from __future__ import annotations
+
+import pytest
+from celery.signals import task_postrun, task_prerun
+from django.db import connection, connections
+
+import gpushare.celery  # noqa: F401 - connects the task signal handlers
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def task(body):
+    task_prerun.send(sender=None, task_id="t", task=None)
+    try:
+        return body()
+    finally:
+        task_postrun.send(sender=None, task_id="t", task=None)
+
+
+@pytest.fixture
+def persistent_connections(transactional_db):
+    saved = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
+    connection.close()
+    connection.settings_dict.update(CONN_MAX_AGE=60, CONN_HEALTH_CHECKS=True)
+    yield
+    connection.close()
+    connection.settings_dict.update(saved)
+
+
+def test_a_connection_outlives_the_task_and_a_killed_one_is_replaced(persistent_connections):
+    first = task(backend_pid)
+    assert task(backend_pid) == first  # kept between tasks: no new connection per task
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+    finally:
+        other.close()
+    replaced = task(backend_pid)  # the health check found it dead: a new one, no error
+    assert replaced != first
+
+
+def test_with_conn_max_age_0_each_task_gets_a_fresh_connection(transactional_db):
+    connection.close()
+    assert task(backend_pid) != task(backend_pid)
