@@ -6,9 +6,14 @@ calling a replica directly, at 100 concurrent requests.
 The replica is tests/endpoints/model_server.py (answers at once); the gateway
 is the real aiohttp app (endpoints.gateway) with its routing table and token
 check fixed in memory, so the figure is the proxy path itself: routing,
-least-outstanding choice, forwarding and streaming the answer back. Cold
-start (zero replicas to first answer) needs the whole platform and is
-measured by tests/endpoints/test_endpoints_integration.py, which prints it.
+least-outstanding choice, forwarding and streaming the answer back.
+
+Cold start (zero replicas to first answer) runs the whole platform
+(bench.stack: gunicorn, a Celery worker with beat, a node agent on simulated
+GPUs) and a real gateway process: deploy a min-0 endpoint, time the first
+request through the gateway (held while the autoscaler starts a replica, the
+scheduler places it, the agent starts it and it passes its health check),
+delete the endpoint; a few times.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import requests
 from aiohttp import ClientError, ClientSession, TCPConnector, web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,8 +141,66 @@ async def measure(*, requests: int, concurrency: int) -> dict:
     }
 
 
+COLD_DATABASE_URL = os.environ.get("BENCH_COLD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpushare_bench_cold")
+COLD_REDIS_URL = os.environ.get("BENCH_COLD_REDIS_URL", "redis://127.0.0.1:6379/5")
+
+
+def cold_start_measured(*, runs: int) -> dict:
+    """``cold_start`` in a process of its own: its stack has its own database, which this
+    process's Django (configured for another one, or not at all) cannot switch to."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.endpoints_gateway", "--cold-start", str(runs)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"cold start bench failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cold_start(*, runs: int) -> dict:
+    """Seconds from a min-0 endpoint's first request to its answer, on the whole simulated platform."""
+    from bench.stack import Stack, StackConfig
+
+    config = StackConfig(database_url=COLD_DATABASE_URL, redis_url=COLD_REDIS_URL, gpus="sim:2xL4-24GB")
+    stack = Stack(Path(tempfile.mkdtemp(prefix="gpushare-bench-cold-")), config)
+    samples: list[float] = []
+    try:
+        stack.start()
+        stack.wait(stack.node_up, 60, "the node agent", "agent")
+        port = free_port()
+        stack._proc("gateway", [sys.executable, "-m", "endpoints", "--port", str(port), "--refresh", "0.25"]).start()
+
+        def gateway_up() -> bool:
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok
+            except requests.ConnectionError:
+                return False
+
+        stack.wait(gateway_up, 60, "the gateway", "gateway")
+        api = stack.session()
+        auth = {"Authorization": f"Bearer {stack.tenant_token}"}
+        for i in range(runs):
+            body = {"name": f"cold-{i}", "command": [sys.executable, str(MODEL_SERVER)], "gpus": 0.25,
+                    "min_replicas": 0, "max_replicas": 1}  # fmt: skip
+            created = api.post(f"{stack.url}/api/v1/endpoints/", json=body, timeout=30)
+            if created.status_code != 201:
+                raise RuntimeError(f"deploy answered {created.status_code}: {created.text[:300]}")
+            started = time.perf_counter()
+            answer = requests.post(f"http://127.0.0.1:{port}/e/bench/cold-{i}/predict", data=b"x", headers=auth,
+                                   timeout=180)  # fmt: skip
+            if answer.status_code != 200:
+                raise RuntimeError(f"first request answered {answer.status_code}: {answer.text[:300]}")
+            samples.append(time.perf_counter() - started)
+            api.delete(f"{stack.url}/api/v1/endpoints/{created.json()['id']}/", timeout=30)
+    finally:
+        stack.stop()
+    return {"runs": runs, "seconds": [round(s, 3) for s in samples], "median_s": round(statistics.median(samples), 3),
+            "max_s": round(max(samples), 3)}  # fmt: skip
+
+
 def run(quick: bool = False) -> dict:
     result = asyncio.run(measure(requests=1000 if quick else 5000, concurrency=100))
+    result["cold_start"] = cold = cold_start_measured(runs=3 if quick else 5)
     direct, via = result["direct"], result["gateway"]
     result["rows"] = [
         {"bench": "gateway", "metric": f"{q} latency at 100 concurrent", "ours": via[f"{q}_ms"], "unit": "ms",
@@ -143,11 +209,16 @@ def run(quick: bool = False) -> dict:
     ] + [
         {"bench": "gateway", "metric": "throughput at 100 concurrent", "ours": via["rps"], "unit": "req/s",
          "reference": direct["rps"], "reference_name": "replica called directly"},
+        {"bench": "gateway", "metric": "cold start, zero replicas -> first answer (median)", "ours": cold["median_s"],
+         "unit": "s", "higher_is_better": False, "runs": cold["runs"], "note": f"max {cold['max_s']} s"},
     ]  # fmt: skip
     return result
 
 
 def main() -> None:
+    if "--cold-start" in sys.argv:
+        print(json.dumps(cold_start(runs=int(sys.argv[sys.argv.index("--cold-start") + 1]))))
+        return
     result = run(quick="--quick" in sys.argv)
     out = ROOT / "bench" / "results" / "gateway.json"
     out.parent.mkdir(parents=True, exist_ok=True)
