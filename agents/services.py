@@ -183,14 +183,16 @@ def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None =
         gpu.save(update_fields=["health", "health_reason"])
         _outage_open(gpu, cause=GpuOutage.Cause.HEALTH, reason=description, at=at)
         audit_record(
-            actor=None, tenant=None, action="gpu.out_of_service", target=f"{node.name}/{uuid}",
-            before=before, after={"health": gpu.health, "reason": gpu.health_reason, "event": event},
+            actor=None,
+            tenant=None,
+            action="gpu.out_of_service",
+            target=f"{node.name}/{uuid}",
+            before=before,
+            after={"health": gpu.health, "reason": gpu.health_reason, "event": event},
         )
         log.error("OPERATOR: GPU %s on %s taken out of service: %s", uuid, node.name, description)
     elif event_is_application_error(event):
-        audit_record(
-            actor=None, tenant=None, action="gpu.application_error", target=f"{node.name}/{uuid}", after=event
-        )
+        audit_record(actor=None, tenant=None, action="gpu.application_error", target=f"{node.name}/{uuid}", after=event)
         log.warning("GPU %s on %s: %s; its job(s) fail, the GPU stays in service", uuid, node.name, description)
     else:
         log.info("GPU %s on %s: %s", uuid, node.name, description)
@@ -207,8 +209,12 @@ def gpu_return_to_service(*, gpu: Gpu, actor=None, note: str = "") -> Gpu:
     gpu.save(update_fields=["health", "health_reason"])
     _outages_close([gpu], cause=GpuOutage.Cause.HEALTH, at=timezone.now())
     audit_record(
-        actor=actor, tenant=None, action="gpu.return_to_service", target=f"{gpu.node.name}/{gpu.uuid}",
-        before=before, after={"health": gpu.health, "note": note},
+        actor=actor,
+        tenant=None,
+        action="gpu.return_to_service",
+        target=f"{gpu.node.name}/{gpu.uuid}",
+        before=before,
+        after={"health": gpu.health, "note": note},
     )
     scheduler_services.schedule_soon()
     return gpu
@@ -223,8 +229,12 @@ def _node_state_set(node: Node, *, to: str, actor, action: str, reason: str) -> 
     node.state_reason = reason[:200]
     node.save(update_fields=["state", "state_reason"])
     audit_record(
-        actor=actor, tenant=None, action=action, target=node.name,
-        before={"state": before}, after={"state": to, "reason": node.state_reason},
+        actor=actor,
+        tenant=None,
+        action=action,
+        target=node.name,
+        before={"state": before},
+        after={"state": to, "reason": node.state_reason},
     )
     return node
 
@@ -240,8 +250,9 @@ def node_cordon(*, node: Node, actor=None, reason: str = "") -> Node:
     node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state not in (Node.State.UP, Node.State.DRAINING, Node.State.CORDONED):
         raise NodeStateError(f"node {node.name} is {node.state}: only an up or draining node can be cordoned")
-    return _node_state_set(node, to=Node.State.CORDONED, actor=actor, action="node.cordon",
-                           reason=reason or "cordoned by the operator")
+    return _node_state_set(
+        node, to=Node.State.CORDONED, actor=actor, action="node.cordon", reason=reason or "cordoned by the operator"
+    )
 
 
 @transaction.atomic
@@ -250,11 +261,17 @@ def node_drain(*, node: Node, actor=None, reason: str = "") -> Node:
     node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if node.state not in (Node.State.UP, Node.State.DRAINING):
         raise NodeStateError(f"node {node.name} is {node.state}: only an up node can be drained")
-    node = _node_state_set(node, to=Node.State.DRAINING, actor=actor, action="node.drain",
-                           reason=reason or "draining: cordoned once its jobs end")
+    node = _node_state_set(
+        node,
+        to=Node.State.DRAINING,
+        actor=actor,
+        action="node.drain",
+        reason=reason or "draining: cordoned once its jobs end",
+    )
     if _active_jobs(node) == 0:
-        node = _node_state_set(node, to=Node.State.CORDONED, actor=None, action="node.drained",
-                               reason="drained: no jobs left")
+        node = _node_state_set(
+            node, to=Node.State.CORDONED, actor=None, action="node.drained", reason="drained: no jobs left"
+        )
     return node
 
 
@@ -276,7 +293,8 @@ def node_drains_settle() -> list[str]:
         with transaction.atomic():
             locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
             if locked.state == Node.State.DRAINING and _active_jobs(locked) == 0:
-                _node_state_set(locked, to=Node.State.CORDONED, actor=None, action="node.drained",
-                                reason="drained: no jobs left")
+                _node_state_set(
+                    locked, to=Node.State.CORDONED, actor=None, action="node.drained", reason="drained: no jobs left"
+                )
                 settled.append(node.name)
     return settled

@@ -82,9 +82,7 @@ def usage_windows_task(*, node: str, token: str, windows: list[dict]) -> None:
 @shared_task(name="agents.logs", ignore_result=True, **RETRY)
 def job_logs_task(*, node: str, token: str, job_id: int, offset: int, data_b64: str) -> None:
     if found := _node(node, token):
-        scheduler_services.job_logs_append(
-            node=found, job_id=job_id, offset=offset, data=base64.b64decode(data_b64)
-        )
+        scheduler_services.job_logs_append(node=found, job_id=job_id, offset=offset, data=base64.b64decode(data_b64))
 
 
 @shared_task(name="agents.gpu_health", ignore_result=True, **RETRY)

@@ -42,8 +42,7 @@ from pathlib import Path
 DATA = Path("/work/shared/bench/alibaba-openb")
 SEED = 2023
 CHECKPOINTS = (50, 70, 80, 90, 95, 100)
-GPU_MEMORY = {"P100": 16384, "T4": 15360, "V100M16": 16384, "V100M32": 32768, "A10": 24576, "G2": 24576,
-              "G3": 32768}
+GPU_MEMORY = {"P100": 16384, "T4": 15360, "V100M16": 16384, "V100M32": 32768, "A10": 24576, "G2": 24576, "G3": 32768}
 
 
 @dataclass
@@ -81,12 +80,19 @@ class Outcome:
 
 def load() -> tuple[list[tuple], list[Task]]:
     with open(DATA / "openb_node_list_gpu_node.csv") as f:
-        nodes = [(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
-                 for r in csv.DictReader(f)]
+        nodes = [
+            (r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"]) for r in csv.DictReader(f)
+        ]
     with open(DATA / "openb_pod_list_default.csv") as f:
         tasks = [
-            Task(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["num_gpu"]), int(r["gpu_milli"]),
-                 tuple(m for m in r["gpu_spec"].split("|") if m))
+            Task(
+                r["name"],
+                int(r["cpu_milli"]),
+                int(r["memory_mib"]),
+                int(r["num_gpu"]),
+                int(r["gpu_milli"]),
+                tuple(m for m in r["gpu_spec"].split("|") if m),
+            )
             for r in csv.DictReader(f)
         ]
     return nodes, tasks
@@ -176,9 +182,15 @@ def replay(policy: str, node_rows: list[tuple], arrived: list[Task], shares: str
     if policy == "gpushare":
         slots = [
             placement.NodeSlot(
-                name=n.name, cpu_milli=n.cpu, memory_mib=n.memory,
-                gpus=[placement.GpuSlot(uuid=f"{n.name}/{i}", node=n.name, model=n.model,
-                                        memory_mb=GPU_MEMORY.get(n.model, 16384)) for i in range(len(n.gpus))],
+                name=n.name,
+                cpu_milli=n.cpu,
+                memory_mib=n.memory,
+                gpus=[
+                    placement.GpuSlot(
+                        uuid=f"{n.name}/{i}", node=n.name, model=n.model, memory_mb=GPU_MEMORY.get(n.model, 16384)
+                    )
+                    for i in range(len(n.gpus))
+                ],
             )
             for n in nodes
         ]
@@ -201,11 +213,20 @@ def replay(policy: str, node_rows: list[tuple], arrived: list[Task], shares: str
                 slot.used_memory_mib += task.memory
         elif session is not None:
             shared = task.milli < 1000
-            decided = session.offer(placement.Request(
-                job_id=job_id, tenant="t", rank=0, submitted_ms=job_id, shared=shared,
-                count=1 if shared else task.count, share_milli=task.milli if shared else 1000,
-                gpu_model="|".join(task.models), cpu_milli=task.cpu, memory_mib=task.memory,
-            ))
+            decided = session.offer(
+                placement.Request(
+                    job_id=job_id,
+                    tenant="t",
+                    rank=0,
+                    submitted_ms=job_id,
+                    shared=shared,
+                    count=1 if shared else task.count,
+                    share_milli=task.milli if shared else 1000,
+                    gpu_model="|".join(task.models),
+                    cpu_milli=task.cpu,
+                    memory_mib=task.memory,
+                )
+            )
             outcome.decisions += 1
             if decided is None:
                 outcome.failed += 1
@@ -261,35 +282,52 @@ def run(quick: bool = False) -> dict:
     for (policy, label), mine in outcomes.items():
         mean = {m: sum(o.allocated_pct[m] for o in mine) / len(mine) for m in CHECKPOINTS}
         speed = sum(o.decisions for o in mine) / sum(o.seconds for o in mine)
-        summary[(policy, label)] = {"allocated_pct": mean, "decisions_per_s": speed,
-                                    "mixed_gpus": sum(o.mixed_gpus for o in mine),
-                                    "failed": sum(o.failed for o in mine) / len(mine)}
+        summary[(policy, label)] = {
+            "allocated_pct": mean,
+            "decisions_per_s": speed,
+            "mixed_gpus": sum(o.mixed_gpus for o in mine),
+            "failed": sum(o.failed for o in mine) / len(mine),
+        }
     for shares, cpu_only, label in VARIANTS:
         ours = summary[("gpushare", label)]
         main_figure = shares == "exact" and cpu_only == "skip"
         for baseline in ("first-fit", "best-fit"):
             ref = summary[(baseline, label)]
-            rows.append({
-                "bench": "packing", "metric": f"GPUs allocated at 100% arrived demand, {label}",
-                "ours": round(ours["allocated_pct"][100], 2), "unit": "%",
-                "reference": round(ref["allocated_pct"][100], 2), "reference_name": baseline,
-                "goal": ">= 97" if main_figure else "", "goal_met": ours["allocated_pct"][100] >= 97
-                if main_figure else None, "runs": len(seeds),
-                "note": "along the way (50/70/80/90/95%): " + "/".join(
-                    f"{ours['allocated_pct'][m]:.1f}" for m in CHECKPOINTS[:-1]) + f" vs {baseline} " + "/".join(
-                    f"{ref['allocated_pct'][m]:.1f}" for m in CHECKPOINTS[:-1]),
-            })
+            rows.append(
+                {
+                    "bench": "packing",
+                    "metric": f"GPUs allocated at 100% arrived demand, {label}",
+                    "ours": round(ours["allocated_pct"][100], 2),
+                    "unit": "%",
+                    "reference": round(ref["allocated_pct"][100], 2),
+                    "reference_name": baseline,
+                    "goal": ">= 97" if main_figure else "",
+                    "goal_met": ours["allocated_pct"][100] >= 97 if main_figure else None,
+                    "runs": len(seeds),
+                    "note": "along the way (50/70/80/90/95%): "
+                    + "/".join(f"{ours['allocated_pct'][m]:.1f}" for m in CHECKPOINTS[:-1])
+                    + f" vs {baseline} "
+                    + "/".join(f"{ref['allocated_pct'][m]:.1f}" for m in CHECKPOINTS[:-1]),
+                }
+            )
         if cpu_only == "skip":
-            rows.append({
-                "bench": "packing", "metric": f"core decisions/s in the replay, {label}",
-                "ours": round(ours["decisions_per_s"]), "unit": "decisions/s", "goal": ">= 5000",
-                "goal_met": ours["decisions_per_s"] >= 5000, "runs": len(seeds),
-                "note": f"GPUs both whole and sliced: {ours['mixed_gpus']}",
-            })
+            rows.append(
+                {
+                    "bench": "packing",
+                    "metric": f"core decisions/s in the replay, {label}",
+                    "ours": round(ours["decisions_per_s"]),
+                    "unit": "decisions/s",
+                    "goal": ">= 5000",
+                    "goal_met": ours["decisions_per_s"] >= 5000,
+                    "runs": len(seeds),
+                    "note": f"GPUs both whole and sliced: {ours['mixed_gpus']}",
+                }
+            )
     return {
         "rows": rows,
         "summary": {f"{p}/{label}": v for (p, label), v in summary.items()},
-        "cluster_gpus": capacity, "seeds": seeds,
+        "cluster_gpus": capacity,
+        "seeds": seeds,
     }
 
 
@@ -298,8 +336,10 @@ def main() -> None:
     result = run(quick="--quick" in sys.argv)
     for row in result["rows"]:
         ref = f" vs {row['reference_name']} {row['reference']}" if row.get("reference") is not None else ""
-        print(f"{row['metric']:<58} {row['ours']:>9} {row['unit']}{ref}  goal {row['goal'] or '-'}  "
-              f"{'' if row['goal_met'] is None else 'met' if row['goal_met'] else 'MISSED'}  {row['note']}")
+        print(
+            f"{row['metric']:<58} {row['ours']:>9} {row['unit']}{ref}  goal {row['goal'] or '-'}  "
+            f"{'' if row['goal_met'] is None else 'met' if row['goal_met'] else 'MISSED'}  {row['note']}"
+        )
 
 
 if __name__ == "__main__":

@@ -57,10 +57,18 @@ def workload(jobs: int, seed: int = SEED) -> list[dict]:
             milli = 1000 * rng.choices([1, 2, 3, 4, 5, 6, 7, 8], weights=[40, 20, 3, 20, 1, 1, 0.5, 15])[0]
             klass = "standard" if rng.random() < 0.7 else "preemptible"
         model = rng.choice(["H100-80GB", "L4-24GB"]) if rng.random() < 0.2 else ""
-        out.append({
-            "i": i, "tenant": f"t{rng.randrange(20):02d}", "class": klass, "shared": bool(shared), "milli": milli,
-            "model": model, "runtime_s": rng.choice([600, 3600, 4 * 3600, 24 * 3600]), "submitted_ms": i,
-        })
+        out.append(
+            {
+                "i": i,
+                "tenant": f"t{rng.randrange(20):02d}",
+                "class": klass,
+                "shared": bool(shared),
+                "milli": milli,
+                "model": model,
+                "runtime_s": rng.choice([600, 3600, 4 * 3600, 24 * 3600]),
+                "submitted_ms": i,
+            }
+        )
     return out
 
 
@@ -78,23 +86,33 @@ def core_run(nodes: int, jobs: list[dict]) -> dict:
     from scheduler import placement
 
     fleet = [
-        placement.NodeSlot(name=name, gpus=[
-            placement.GpuSlot(uuid=f"{name}-{i}", node=name, model=model, memory_mb=memory)
-            for i in range(GPUS_PER_NODE)
-        ])
+        placement.NodeSlot(
+            name=name,
+            gpus=[
+                placement.GpuSlot(uuid=f"{name}-{i}", node=name, model=model, memory_mb=memory)
+                for i in range(GPUS_PER_NODE)
+            ],
+        )
         for name, model, memory in fleet_spec(nodes)
     ]
     requests = [
         placement.Request(
-            job_id=j["i"] + 1, tenant=j["tenant"], rank=CLASSES[j["class"]], submitted_ms=j["submitted_ms"],
-            shared=j["shared"], count=1 if j["shared"] else j["milli"] // 1000,
-            share_milli=j["milli"] if j["shared"] else 1000, gpu_model=j["model"],
-            max_runtime_ms=j["runtime_s"] * 1000, priority=j["class"],
+            job_id=j["i"] + 1,
+            tenant=j["tenant"],
+            rank=CLASSES[j["class"]],
+            submitted_ms=j["submitted_ms"],
+            shared=j["shared"],
+            count=1 if j["shared"] else j["milli"] // 1000,
+            share_milli=j["milli"] if j["shared"] else 1000,
+            gpu_model=j["model"],
+            max_runtime_ms=j["runtime_s"] * 1000,
+            priority=j["class"],
         )
         for j in jobs
     ]
     policy = placement.Policy(
-        now_ms=10**12, weights=tenant_weights(),
+        now_ms=10**12,
+        weights=tenant_weights(),
         may_preempt={"serving": frozenset({"preemptible"}), "standard": frozenset({"preemptible"})},
     )
     best = None
@@ -106,8 +124,12 @@ def core_run(nodes: int, jobs: list[dict]) -> dict:
         best = min(best or elapsed, elapsed)
     placed_milli = sum(p.share_milli * len(p.gpu_uuids) for p in result.placements)
     return {
-        "nodes": nodes, "jobs": len(requests), "placed": len(result.placements), "pending": len(result.pending),
-        "seconds": best, "decisions_per_s": len(requests) / best,
+        "nodes": nodes,
+        "jobs": len(requests),
+        "placed": len(result.placements),
+        "pending": len(result.pending),
+        "seconds": best,
+        "decisions_per_s": len(requests) / best,
         "gpus_allocated_pct": 100 * placed_milli / (nodes * GPUS_PER_NODE * 1000),
     }
 
@@ -120,8 +142,13 @@ def database_recreate(url: str) -> None:
     name = parsed.path.lstrip("/")
     if "bench" not in name:
         raise RuntimeError(f"refusing to drop database {name!r}: its name must contain 'bench'")
-    conn = psycopg2.connect(host=parsed.hostname or "127.0.0.1", port=parsed.port or 5432,
-                            user=parsed.username or "postgres", password=parsed.password, dbname="postgres")
+    conn = psycopg2.connect(
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 5432,
+        user=parsed.username or "postgres",
+        password=parsed.password,
+        dbname="postgres",
+    )
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -130,8 +157,12 @@ def database_recreate(url: str) -> None:
 
 
 def _child_setup() -> None:
-    os.environ.update(DJANGO_SETTINGS_MODULE="gpushare.settings.test", DATABASE_URL=DATABASE_URL, REDIS_URL=REDIS_URL,
-                      LOG_LEVEL="WARNING")
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="gpushare.settings.test",
+        DATABASE_URL=DATABASE_URL,
+        REDIS_URL=REDIS_URL,
+        LOG_LEVEL="WARNING",
+    )
     database_recreate(DATABASE_URL)
     import django
 
@@ -154,8 +185,10 @@ def _db_load(nodes: int, jobs: list[dict]) -> None:
     from scheduler.models import Job, JobMode, PriorityClass, TenantShare
 
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE scheduler_allocation, scheduler_jobevent, scheduler_tenantusage, scheduler_job, "
-                    "agents_gpu, agents_node CASCADE")
+        cur.execute(
+            "TRUNCATE scheduler_allocation, scheduler_jobevent, scheduler_tenantusage, scheduler_job, "
+            "agents_gpu, agents_node CASCADE"
+        )
     with scopes_disabled():
         tenants = {t.slug: t for t in Tenant.objects.all()}
         for slug, weight in tenant_weights().items():
@@ -168,9 +201,11 @@ def _db_load(nodes: int, jobs: list[dict]) -> None:
             for name, _, _ in fleet_spec(nodes)
         )
         Gpu.objects.bulk_create(
-            (Gpu(node=node, uuid=f"GPU-{node.name}-{i}", index=i, model=model, memory_mb=memory)
-             for node, (_, model, memory) in zip(node_rows, fleet_spec(nodes), strict=True)
-             for i in range(GPUS_PER_NODE)),
+            (
+                Gpu(node=node, uuid=f"GPU-{node.name}-{i}", index=i, model=model, memory_mb=memory)
+                for node, (_, model, memory) in zip(node_rows, fleet_spec(nodes), strict=True)
+                for i in range(GPUS_PER_NODE)
+            ),
             batch_size=5000,
         )
         classes = {c.name: c for c in PriorityClass.objects.all()}
@@ -178,14 +213,22 @@ def _db_load(nodes: int, jobs: list[dict]) -> None:
         from datetime import timedelta
 
         Job.objects.bulk_create(
-            (Job(
-                tenant=tenants[j["tenant"]], name=f"bench-{j['i']}",
-                kind="inference" if j["shared"] else "training",
-                mode=JobMode.SHARED if j["shared"] else JobMode.DEDICATED, gpu_milli=j["milli"],
-                command=["python", "-c", "pass"], gpu_model=j["model"], priority=classes[j["class"]],
-                max_runtime_s=j["runtime_s"], pending_reason="waiting for the next scheduling pass",
-                submitted_at=base + timedelta(milliseconds=j["i"]),
-            ) for j in jobs),
+            (
+                Job(
+                    tenant=tenants[j["tenant"]],
+                    name=f"bench-{j['i']}",
+                    kind="inference" if j["shared"] else "training",
+                    mode=JobMode.SHARED if j["shared"] else JobMode.DEDICATED,
+                    gpu_milli=j["milli"],
+                    command=["python", "-c", "pass"],
+                    gpu_model=j["model"],
+                    priority=classes[j["class"]],
+                    max_runtime_s=j["runtime_s"],
+                    pending_reason="waiting for the next scheduling pass",
+                    submitted_at=base + timedelta(milliseconds=j["i"]),
+                )
+                for j in jobs
+            ),
             batch_size=2000,
         )
     with connection.cursor() as cur:
@@ -229,7 +272,7 @@ def child_main(quick: bool) -> dict:
 
     jobs = workload(2000 if quick else 10_000)
     out = {"passes": []}
-    for nodes in (SIZES[:2] if quick else SIZES):
+    for nodes in SIZES[:2] if quick else SIZES:
         _db_load(nodes, jobs)
         _queues_clear(nodes)
         _queues_declare(nodes)
@@ -241,12 +284,20 @@ def child_main(quick: bool) -> dict:
         again = schedule_pass()  # the steady state: nothing fits any more, every reason is already written
         second = time.perf_counter() - second_started
         _queues_clear(nodes)
-        out["passes"].append({
-            "nodes": nodes, "jobs": len(jobs), "placed": result.placed, "pending": result.pending,
-            "seconds": elapsed, "placements_per_s": result.placed / elapsed, "launch_messages": sent,
-            "second_pass_seconds": second, "second_pass_placed": again.placed,
-            "phases": {**result.timings, "commit_and_dispatch": elapsed - result.seconds},
-        })
+        out["passes"].append(
+            {
+                "nodes": nodes,
+                "jobs": len(jobs),
+                "placed": result.placed,
+                "pending": result.pending,
+                "seconds": elapsed,
+                "placements_per_s": result.placed / elapsed,
+                "launch_messages": sent,
+                "second_pass_seconds": second,
+                "second_pass_placed": again.placed,
+                "phases": {**result.timings, "commit_and_dispatch": elapsed - result.seconds},
+            }
+        )
     return out
 
 
@@ -256,27 +307,41 @@ def run(quick: bool = False) -> dict:
     core = [core_run(nodes, jobs) for nodes in (SIZES[:2] if quick else SIZES)]
     child = subprocess.run(
         [sys.executable, "-m", "bench.scheduler_scale", "--child", *(["--quick"] if quick else [])],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
     )
     if child.returncode != 0:
         raise RuntimeError(f"database pass failed: {child.stderr[-3000:]}")
     passes = json.loads(child.stdout.strip().splitlines()[-1])["passes"]
     rows = []
     for c in core:
-        rows.append({
-            "bench": "scheduler-scale", "metric": f"core decisions/s, {c['nodes']} nodes x 8, {c['jobs']} jobs",
-            "ours": round(c["decisions_per_s"]), "unit": "decisions/s", "goal": ">= 20000",
-            "goal_met": c["decisions_per_s"] >= 20_000,
-            "note": f"{c['placed']} placed, {c['pending']} pending, {c['gpus_allocated_pct']:.1f}% GPUs allocated",
-        })
+        rows.append(
+            {
+                "bench": "scheduler-scale",
+                "metric": f"core decisions/s, {c['nodes']} nodes x 8, {c['jobs']} jobs",
+                "ours": round(c["decisions_per_s"]),
+                "unit": "decisions/s",
+                "goal": ">= 20000",
+                "goal_met": c["decisions_per_s"] >= 20_000,
+                "note": f"{c['placed']} placed, {c['pending']} pending, {c['gpus_allocated_pct']:.1f}% GPUs allocated",
+            }
+        )
     for p in passes:
-        rows.append({
-            "bench": "scheduler-scale", "metric": f"full pass placements/s, {p['nodes']} nodes x 8, {p['jobs']} jobs",
-            "ours": round(p["placements_per_s"]), "unit": "placements/s", "goal": ">= 2000",
-            "goal_met": p["placements_per_s"] >= 2000,
-            "note": f"{p['placed']} placed in {p['seconds']:.2f} s (PostgreSQL read+write, {p['launch_messages']} "
-                    f"launches sent); next pass {p['second_pass_seconds']:.2f} s",
-        })
+        rows.append(
+            {
+                "bench": "scheduler-scale",
+                "metric": f"full pass placements/s, {p['nodes']} nodes x 8, {p['jobs']} jobs",
+                "ours": round(p["placements_per_s"]),
+                "unit": "placements/s",
+                "goal": ">= 2000",
+                "goal_met": p["placements_per_s"] >= 2000,
+                "note": f"{p['placed']} placed in {p['seconds']:.2f} s (PostgreSQL read+write, {p['launch_messages']} "
+                f"launches sent); next pass {p['second_pass_seconds']:.2f} s",
+            }
+        )
     return {"rows": rows, "core": core, "passes": passes}
 
 
@@ -288,8 +353,10 @@ def main() -> None:
         return
     result = run(quick=quick)
     for row in result["rows"]:
-        print(f"{row['metric']:<60} {row['ours']:>10} {row['unit']:<13} goal {row['goal']:<9} "
-              f"{'met' if row['goal_met'] else 'MISSED'}  {row['note']}")
+        print(
+            f"{row['metric']:<60} {row['ours']:>10} {row['unit']:<13} goal {row['goal']:<9} "
+            f"{'met' if row['goal_met'] else 'MISSED'}  {row['note']}"
+        )
 
 
 if __name__ == "__main__":

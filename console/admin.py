@@ -45,8 +45,16 @@ class PriorityClassForm(forms.ModelForm):
 
     class Meta:
         model = PriorityClass
-        fields = ["name", "rank", "preemptible", "may_preempt", "min_runtime_s", "grace_period_s",
-                  "price_multiplier", "default_for_kind"]
+        fields = [
+            "name",
+            "rank",
+            "preemptible",
+            "may_preempt",
+            "min_runtime_s",
+            "grace_period_s",
+            "price_multiplier",
+            "default_for_kind",
+        ]
 
     def draft(self) -> ClassDraft:
         data = self.cleaned_data
@@ -71,8 +79,16 @@ class PriorityClassForm(forms.ModelForm):
 
 class PriorityClassAdmin(admin.ModelAdmin):
     form = PriorityClassForm
-    list_display = ["name", "rank", "preemptible", "preempts", "min_runtime_s", "grace_period_s", "price_multiplier",
-                    "default_for_kind"]
+    list_display = [
+        "name",
+        "rank",
+        "preemptible",
+        "preempts",
+        "min_runtime_s",
+        "grace_period_s",
+        "price_multiplier",
+        "default_for_kind",
+    ]
     ordering = ["-rank"]
     filter_horizontal = ["may_preempt"]
 
@@ -84,10 +100,13 @@ class PriorityClassAdmin(admin.ModelAdmin):
         return super().get_queryset(request).prefetch_related("may_preempt")
 
     def changelist_view(self, request, extra_context=None):
-        messages.info(request, format_html(
-            'To see a change\'s effect before saving it, use <a href="{}">Rules &amp; what-if</a>.',
-            reverse("console:rules"),
-        ))
+        messages.info(
+            request,
+            format_html(
+                'To see a change\'s effect before saving it, use <a href="{}">Rules &amp; what-if</a>.',
+                reverse("console:rules"),
+            ),
+        )
         return super().changelist_view(request, extra_context)
 
     def get_readonly_fields(self, request, obj=None):
@@ -116,10 +135,18 @@ class TenantQuotaInline(admin.StackedInline):
     can_delete = False
     extra = 0
     max_num = 1
-    fields = ["plan", "max_dedicated_gpus", "max_shared_milli", "max_gpus_per_job", "max_open_jobs",
-              "gpu_hours_per_month", "monthly_spend_limit", "budget_alert_percent", "on_budget_exhausted",
-              "on_suspended"]
-
+    fields = [
+        "plan",
+        "max_dedicated_gpus",
+        "max_shared_milli",
+        "max_gpus_per_job",
+        "max_open_jobs",
+        "gpu_hours_per_month",
+        "monthly_spend_limit",
+        "budget_alert_percent",
+        "on_budget_exhausted",
+        "on_suspended",
+    ]
 
 
 class TenantAdmin(UnscopedAdminMixin, admin.ModelAdmin):
@@ -145,9 +172,9 @@ class TenantAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if form.changed_data:
-            services.tenant_profile_update(tenant=obj, actor=request.user, changes={
-                name: form.cleaned_data[name] for name in form.changed_data
-            })
+            services.tenant_profile_update(
+                tenant=obj, actor=request.user, changes={name: form.cleaned_data[name] for name in form.changed_data}
+            )
 
     def save_formset(self, request, form, formset, change):
         formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
@@ -182,8 +209,17 @@ _take_over(Tenant, TenantAdmin)
 
 
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", "max_dedicated_gpus", "max_shared_milli", "max_gpus_per_job", "max_open_jobs",
-                    "gpu_hours_per_month", "monthly_spend_limit", "on_budget_exhausted", "on_suspended"]
+    list_display = [
+        "name",
+        "max_dedicated_gpus",
+        "max_shared_milli",
+        "max_gpus_per_job",
+        "max_open_jobs",
+        "gpu_hours_per_month",
+        "monthly_spend_limit",
+        "on_budget_exhausted",
+        "on_suspended",
+    ]
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -213,8 +249,12 @@ class PriceAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         services.price_add(
-            gpu_model=obj.gpu_model, mode=obj.mode, per_gpu_hour=obj.per_gpu_hour, currency=obj.currency,
-            effective_from=obj.effective_from, actor=request.user,
+            gpu_model=obj.gpu_model,
+            mode=obj.mode,
+            per_gpu_hour=obj.per_gpu_hour,
+            currency=obj.currency,
+            effective_from=obj.effective_from,
+            actor=request.user,
         )
 
 
@@ -228,8 +268,17 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     can_delete = False
-    fields = ["index", "uuid", "model", "memory_mb", "isolation", "health", "health_reason", "reservation",
-              "last_metrics"]
+    fields = [
+        "index",
+        "uuid",
+        "model",
+        "memory_mb",
+        "isolation",
+        "health",
+        "health_reason",
+        "reservation",
+        "last_metrics",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None):
@@ -239,8 +288,18 @@ class GpuInline(admin.TabularInline):
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "state", "state_reason", "address", "backend", "agent_version", "last_heartbeat_at"]
     list_filter = ["state"]
-    readonly_fields = ["name", "state", "state_reason", "address", "agent_version", "driver_version", "cuda_version",
-                       "backend", "registered_at", "last_heartbeat_at"]
+    readonly_fields = [
+        "name",
+        "state",
+        "state_reason",
+        "address",
+        "agent_version",
+        "driver_version",
+        "cuda_version",
+        "backend",
+        "registered_at",
+        "last_heartbeat_at",
+    ]
     exclude = ["token_hash"]
     inlines = [GpuInline]
     actions = ["cordon", "drain", "uncordon"]

@@ -14,7 +14,13 @@ from scheduler.models import JobKind, PriorityClass
 from .rules import ClassDraft
 
 CLASS_FIELDS = [
-    "rank", "preemptible", "may_preempt", "min_runtime_s", "grace_period_s", "price_multiplier", "default_for_kind",
+    "rank",
+    "preemptible",
+    "may_preempt",
+    "min_runtime_s",
+    "grace_period_s",
+    "price_multiplier",
+    "default_for_kind",
 ]
 
 
@@ -37,11 +43,16 @@ PriorityClassRuleFormSet = modelformset_factory(PriorityClass, form=PriorityClas
 
 class WindowForm(forms.Form):
     hours = forms.IntegerField(
-        min_value=1, max_value=24 * 31, initial=24, label="replay (hours)",
+        min_value=1,
+        max_value=24 * 31,
+        initial=24,
+        label="replay (hours)",
         help_text="Submissions of this window are replayed on the fleet as it is now.",
     )
     end = forms.DateTimeField(
-        required=False, label="ending at (UTC)", help_text="empty: now",
+        required=False,
+        label="ending at (UTC)",
+        help_text="empty: now",
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"],
     )
@@ -61,7 +72,10 @@ class FairShareForm(forms.Form):
     """The fair-share half-life and one weight per tenant (``weight__<slug>``)."""
 
     half_life_hours = forms.DecimalField(
-        min_value=0.01, max_digits=8, decimal_places=2, label="fair-share half-life (hours)",
+        min_value=0.01,
+        max_digits=8,
+        decimal_places=2,
+        label="fair-share half-life (hours)",
         help_text="Past usage counts half as much after this long.",
     )
 
@@ -70,7 +84,12 @@ class FairShareForm(forms.Form):
         self.tenants = tenants
         for slug in tenants:
             self.fields[f"weight__{slug}"] = forms.DecimalField(
-                min_value=0.001, max_digits=8, decimal_places=3, label=slug, initial=1, required=False,
+                min_value=0.001,
+                max_digits=8,
+                decimal_places=3,
+                label=slug,
+                initial=1,
+                required=False,
                 help_text="empty: 1",
             )
 

@@ -58,8 +58,12 @@ def fleet_now() -> list[placement.NodeSlot]:
         node = nodes.setdefault(gpu.node.name, placement.NodeSlot(name=gpu.node.name, schedulable=gpu.node.schedulable))
         node.gpus.append(
             placement.GpuSlot(
-                uuid=gpu.uuid, node=gpu.node.name, model=gpu.model, memory_mb=gpu.memory_mb,
-                reservation=gpu.reservation, healthy=gpu.health == Gpu.Health.OK,
+                uuid=gpu.uuid,
+                node=gpu.node.name,
+                model=gpu.model,
+                memory_mb=gpu.memory_mb,
+                reservation=gpu.reservation,
+                healthy=gpu.health == Gpu.Health.OK,
             )
         )
     return list(nodes.values())

@@ -162,9 +162,14 @@ def ruleset_from_data(data: dict) -> RuleSet:
     return RuleSet(
         classes=tuple(
             ClassDraft(
-                name=c["name"], rank=c["rank"], preemptible=c["preemptible"], may_preempt=frozenset(c["may_preempt"]),
-                min_runtime_s=c["min_runtime_s"], grace_period_s=c["grace_period_s"],
-                price_multiplier=Decimal(c["price_multiplier"]), default_for_kind=c["default_for_kind"],
+                name=c["name"],
+                rank=c["rank"],
+                preemptible=c["preemptible"],
+                may_preempt=frozenset(c["may_preempt"]),
+                min_runtime_s=c["min_runtime_s"],
+                grace_period_s=c["grace_period_s"],
+                price_multiplier=Decimal(c["price_multiplier"]),
+                default_for_kind=c["default_for_kind"],
             )
             for c in data["classes"]
         ),

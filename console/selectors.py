@@ -192,8 +192,18 @@ def submissions_between(*, start: datetime, end: datetime) -> list[Job]:
         Job.objects.filter(submitted_at__gte=start, submitted_at__lt=end)
         .select_related("tenant", "priority")
         .only(
-            "id", "tenant__slug", "priority__name", "submitted_at", "started_at", "finished_at", "gpu_milli",
-            "mode", "gpu_model", "gpu_memory_mb", "max_runtime_s", "state",
+            "id",
+            "tenant__slug",
+            "priority__name",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "gpu_milli",
+            "mode",
+            "gpu_model",
+            "gpu_memory_mb",
+            "max_runtime_s",
+            "state",
         )
         .order_by("submitted_at", "id")
     )

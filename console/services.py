@@ -83,8 +83,12 @@ def job_cancel(*, job: Job, actor, reason: str = "") -> Job:
         who = getattr(actor, "username", "") or "the operator"
         job = scheduler_services.job_cancel(job=job, actor=actor, reason=reason or f"cancelled by operator {who}")
         audit_record(
-            actor=actor, tenant=job.tenant, action="job.cancel", target=f"job {job.pk}",
-            before=before, after=_job_snapshot(job),
+            actor=actor,
+            tenant=job.tenant,
+            action="job.cancel",
+            target=f"job {job.pk}",
+            before=before,
+            after=_job_snapshot(job),
         )
     return job
 
@@ -103,16 +107,22 @@ def job_priority_change(*, job: Job, priority: PriorityClass, actor) -> Job:
         job.priority = priority
         job.save(update_fields=["priority"])
         JobEvent.objects.create(
-            tenant_id=job.tenant_id, job=job, from_state=job.state, to_state=job.state,
+            tenant_id=job.tenant_id,
+            job=job,
+            from_state=job.state,
+            to_state=job.state,
             detail=f"class changed from {old} to {priority.name} by the operator",
         )
         audit_record(
-            actor=actor, tenant=job.tenant, action="job.priority_change", target=f"job {job.pk}",
-            before=before, after=_job_snapshot(job),
+            actor=actor,
+            tenant=job.tenant,
+            action="job.priority_change",
+            target=f"job {job.pk}",
+            before=before,
+            after=_job_snapshot(job),
         )
     scheduler_services.schedule_soon()
     return job
-
 
 
 # --- priority rules ----------------------------------------------------------------
@@ -248,8 +258,9 @@ def tenant_profile_update(*, tenant: Tenant, actor, changes: dict) -> Tenant:
     for name, value in changes.items():
         setattr(locked, name, value)
     locked.save(update_fields=list(changes))
-    audit_record(actor=actor, tenant=locked, action="tenant.update", target=locked.slug, before=before,
-                 after=dict(changes))
+    audit_record(
+        actor=actor, tenant=locked, action="tenant.update", target=locked.slug, before=before, after=dict(changes)
+    )
     return locked
 
 
@@ -263,8 +274,12 @@ def plan_save(*, plan: Plan, actor, changed: list[str], created: bool) -> Plan:
     plan.full_clean()
     plan.save()
     audit_record(
-        actor=actor, tenant=None, action="plan.create" if created else "plan.update", target=plan.name,
-        before=before, after={name: _plain(getattr(plan, name)) for name in (changed or ["name"])},
+        actor=actor,
+        tenant=None,
+        action="plan.create" if created else "plan.update",
+        target=plan.name,
+        before=before,
+        after={name: _plain(getattr(plan, name)) for name in (changed or ["name"])},
     )
     return plan
 
@@ -278,7 +293,8 @@ def price_add(
         raise ConsoleError("a price per GPU-hour is 0 or more")
     previous = (
         Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from__lte=effective_from)
-        .order_by("-effective_from").first()
+        .order_by("-effective_from")
+        .first()
     )
     if Price.objects.filter(gpu_model=gpu_model, mode=mode, effective_from=effective_from).exists():
         raise ConsoleError(f"{gpu_model} {mode} already has a price from {effective_from:%Y-%m-%d %H:%M}")
@@ -286,9 +302,13 @@ def price_add(
         gpu_model=gpu_model, mode=mode, per_gpu_hour=per_gpu_hour, currency=currency, effective_from=effective_from
     )
     audit_record(
-        actor=actor, tenant=None, action="price.add", target=f"{gpu_model} {mode}",
+        actor=actor,
+        tenant=None,
+        action="price.add",
+        target=f"{gpu_model} {mode}",
         before={"per_gpu_hour": str(previous.per_gpu_hour), "effective_from": previous.effective_from.isoformat()}
-        if previous else None,
+        if previous
+        else None,
         after={"per_gpu_hour": str(per_gpu_hour), "currency": currency, "effective_from": effective_from.isoformat()},
     )
     return price

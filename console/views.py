@@ -157,7 +157,12 @@ def _rules_forms(request):
 def rules(request):
     current, classes, fair, window = _rules_forms(request)
     context = {
-        "classes_formset": classes, "fair": fair, "window": window, "problems": [], "comparison": None, "run": None,
+        "classes_formset": classes,
+        "fair": fair,
+        "window": window,
+        "problems": [],
+        "comparison": None,
+        "run": None,
         "recent": selectors.rule_changes_recent(),
     }
     if request.method == "POST":
@@ -167,9 +172,7 @@ def rules(request):
                 classes=tuple(f.draft() for f in classes.forms), weights=fair.weights(), half_life_s=fair.half_life_s()
             )
             context["changes"] = rule_changes(current, proposed)
-            context["problems"] = rules_problems(proposed) or services.rules_dry_run(
-                current=current, proposed=proposed
-            )
+            context["problems"] = rules_problems(proposed) or services.rules_dry_run(current=current, proposed=proposed)
             if not context["problems"] and "_save" in request.POST:
                 try:
                     count = services.rules_apply(current=current, proposed=proposed, actor=request.user)

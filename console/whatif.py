@@ -131,7 +131,11 @@ def fleet_copy(nodes: list[placement.NodeSlot]) -> list[placement.NodeSlot]:
             memory_mib=n.memory_mib,
             gpus=[
                 placement.GpuSlot(
-                    uuid=g.uuid, node=g.node, model=g.model, memory_mb=g.memory_mb, reservation=g.reservation,
+                    uuid=g.uuid,
+                    node=g.node,
+                    model=g.model,
+                    memory_mb=g.memory_mb,
+                    reservation=g.reservation,
                     healthy=g.healthy,
                 )
                 for g in n.gpus
@@ -237,7 +241,9 @@ def simulate(
         if to > clock:
             for tenant in set(usage) | set(held):
                 usage[tenant] = placement.usage_accumulate(
-                    usage.get(tenant, 0.0), milli=held.get(tenant, 0), duration_ms=to - clock,
+                    usage.get(tenant, 0.0),
+                    milli=held.get(tenant, 0),
+                    duration_ms=to - clock,
                     half_life_ms=rules.half_life_ms,
                 )
             clock = to
@@ -403,8 +409,12 @@ def comparison_to_data(comparison: Comparison) -> dict:
 
     def stats(s: Stats) -> dict:
         return {
-            "jobs": s.jobs, "started": s.started, "mean_wait_s": s.mean_wait_s, "p95_wait_s": s.p95_wait_s,
-            "gpu_hours": s.gpu_hours, "preemptions": s.preemptions,
+            "jobs": s.jobs,
+            "started": s.started,
+            "mean_wait_s": s.mean_wait_s,
+            "p95_wait_s": s.p95_wait_s,
+            "gpu_hours": s.gpu_hours,
+            "preemptions": s.preemptions,
         }
 
     return {
@@ -413,8 +423,13 @@ def comparison_to_data(comparison: Comparison) -> dict:
         "before": {"utilisation": comparison.before.utilisation},
         "after": {"utilisation": comparison.after.utilisation},
         "rows": [
-            {"group": r.group, "name": r.name, "before": stats(r.before), "after": stats(r.after),
-             "mean_wait_change_s": r.mean_wait_change_s}
+            {
+                "group": r.group,
+                "name": r.name,
+                "before": stats(r.before),
+                "after": stats(r.after),
+                "mean_wait_change_s": r.mean_wait_change_s,
+            }
             for r in comparison.rows
         ],
     }

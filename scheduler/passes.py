@@ -142,17 +142,31 @@ def _fleet() -> tuple[list[placement.NodeSlot], dict[str, tuple[int, int, str]]]
     nodes: dict[int, placement.NodeSlot] = {}
     gpus: dict[str, tuple[int, int, str]] = {}
     rows = Gpu.objects.order_by("node__name", "index").values_list(
-        "id", "uuid", "model", "memory_mb", "reservation", "health", "isolation", "node_id", "node__name",
+        "id",
+        "uuid",
+        "model",
+        "memory_mb",
+        "reservation",
+        "health",
+        "isolation",
+        "node_id",
+        "node__name",
         "node__state",
     )
     for gpu_id, uuid, model, memory, reservation, health, isolation, node_id, node_name, node_state in rows:
         node = nodes.get(node_id)
         if node is None:
             node = nodes[node_id] = placement.NodeSlot(name=node_name, schedulable=node_state == Node.State.UP)
-        node.gpus.append(placement.GpuSlot(
-            uuid=uuid, node=node_name, model=model, memory_mb=memory, reservation=reservation,
-            healthy=health == Gpu.Health.OK,
-        ))
+        node.gpus.append(
+            placement.GpuSlot(
+                uuid=uuid,
+                node=node_name,
+                model=model,
+                memory_mb=memory,
+                reservation=reservation,
+                healthy=health == Gpu.Health.OK,
+            )
+        )
         gpus[uuid] = (gpu_id, node_id, isolation)
     return list(nodes.values()), gpus
 
@@ -164,8 +178,16 @@ def _running(classes: dict[int, PriorityClass], conf: SchedulerSettings, now_ms:
     ):
         held.setdefault(job_id, []).append((uuid, share))
     rows = Job.objects.filter(state__in=ACTIVE_STATES).values_list(
-        "id", "tenant_id", "priority_id", "node__name", "started_at", "scheduled_at", "max_runtime_s",
-        "gpu_memory_mb", "stop_requested", "mode",
+        "id",
+        "tenant_id",
+        "priority_id",
+        "node__name",
+        "started_at",
+        "scheduled_at",
+        "max_runtime_s",
+        "gpu_memory_mb",
+        "stop_requested",
+        "mode",
     )
     running = []
     for job_id, tenant_id, priority_id, node, started, scheduled, max_runtime_s, memory, stop, mode in rows:
@@ -175,14 +197,23 @@ def _running(classes: dict[int, PriorityClass], conf: SchedulerSettings, now_ms:
         klass = classes[priority_id]
         begun = started or scheduled
         start_ms = _ms(begun) if begun else now_ms
-        running.append(placement.Running(
-            job_id=job_id, tenant=str(tenant_id), rank=klass.rank, node=node or "",
-            gpu_uuids=tuple(u for u, _ in gpus), share_milli=gpus[0][1],
-            started_ms=_ms(started) if started else now_ms,
-            end_ms=start_ms + (max_runtime_s or conf.default_max_runtime_s) * 1000,
-            priority=klass.name, preemptible=klass.preemptible, min_runtime_ms=klass.min_runtime_s * 1000,
-            gpu_memory_mb=(memory or 0) if mode == JobMode.SHARED else 0, stopping=bool(stop),
-        ))
+        running.append(
+            placement.Running(
+                job_id=job_id,
+                tenant=str(tenant_id),
+                rank=klass.rank,
+                node=node or "",
+                gpu_uuids=tuple(u for u, _ in gpus),
+                share_milli=gpus[0][1],
+                started_ms=_ms(started) if started else now_ms,
+                end_ms=start_ms + (max_runtime_s or conf.default_max_runtime_s) * 1000,
+                priority=klass.name,
+                preemptible=klass.preemptible,
+                min_runtime_ms=klass.min_runtime_s * 1000,
+                gpu_memory_mb=(memory or 0) if mode == JobMode.SHARED else 0,
+                stopping=bool(stop),
+            )
+        )
     return running
 
 
@@ -240,8 +271,18 @@ class PassResult:
 
 
 QUEUED_FIELDS = (
-    "id", "tenant_id", "priority_id", "submitted_at", "mode", "gpu_milli", "gpu_model", "gpu_memory_mb",
-    "max_runtime_s", "pending_reason", "estimated_start_at", "attempt",
+    "id",
+    "tenant_id",
+    "priority_id",
+    "submitted_at",
+    "mode",
+    "gpu_milli",
+    "gpu_model",
+    "gpu_memory_mb",
+    "max_runtime_s",
+    "pending_reason",
+    "estimated_start_at",
+    "attempt",
 )
 
 
@@ -288,8 +329,11 @@ def schedule_pass(*, now=None) -> PassResult:
     _pending_write(decided, rows, now)
     timings["write"] = time.perf_counter() - started - timings["read"] - timings["plan"]
     result = PassResult(
-        placed=len(decided.placements), pending=len(decided.pending), preempted=preempted,
-        seconds=time.perf_counter() - started, timings=timings,
+        placed=len(decided.placements),
+        pending=len(decided.pending),
+        preempted=preempted,
+        seconds=time.perf_counter() - started,
+        timings=timings,
     )
     transaction.on_commit(lambda: timings.setdefault("dispatch_started", time.perf_counter() - started))
     return result
@@ -300,9 +344,16 @@ def _request(row: tuple, classes: dict[int, PriorityClass]) -> placement.Request
     klass = classes[priority_id]
     shared = mode == JobMode.SHARED
     return placement.Request(
-        job_id=job_id, tenant=str(tenant_id), rank=klass.rank, submitted_ms=_ms(submitted_at), shared=shared,
-        count=1 if shared else milli // MILLI_PER_GPU, share_milli=milli if shared else MILLI_PER_GPU,
-        gpu_model=model, gpu_memory_mb=memory or 0, max_runtime_ms=(max_runtime_s or 0) * 1000,
+        job_id=job_id,
+        tenant=str(tenant_id),
+        rank=klass.rank,
+        submitted_ms=_ms(submitted_at),
+        shared=shared,
+        count=1 if shared else milli // MILLI_PER_GPU,
+        share_milli=milli if shared else MILLI_PER_GPU,
+        gpu_model=model,
+        gpu_memory_mb=memory or 0,
+        max_runtime_ms=(max_runtime_s or 0) * 1000,
         priority=klass.name,
     )
 
@@ -318,17 +369,41 @@ def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tup
         for gpu_id, _, _ in gpus:
             allocations.append((row[1], decision.job_id, gpu_id, decision.share_milli, now))
         shared = row[4] == JobMode.SHARED
-        jobs.append(Job(
-            pk=decision.job_id, state=JobState.SCHEDULED, node_id=gpus[0][1], scheduled_at=now, pending_reason="",
-            estimated_start_at=None, attempt=row[11] + 1, isolation=gpus[0][2] if shared else "exclusive",
-        ))
-        events.append((row[1], decision.job_id, now, JobState.QUEUED, JobState.SCHEDULED,
-                       f"placed on {decision.node} ({', '.join(decision.gpu_uuids)})"[:300]))
+        jobs.append(
+            Job(
+                pk=decision.job_id,
+                state=JobState.SCHEDULED,
+                node_id=gpus[0][1],
+                scheduled_at=now,
+                pending_reason="",
+                estimated_start_at=None,
+                attempt=row[11] + 1,
+                isolation=gpus[0][2] if shared else "exclusive",
+            )
+        )
+        events.append(
+            (
+                row[1],
+                decision.job_id,
+                now,
+                JobState.QUEUED,
+                JobState.SCHEDULED,
+                f"placed on {decision.node} ({', '.join(decision.gpu_uuids)})"[:300],
+            )
+        )
     rows_insert(Allocation, ("tenant_id", "job_id", "gpu_id", "share_milli", "created_at"), allocations)
-    jobs_update(jobs, {
-        "state": "varchar", "node_id": "bigint", "scheduled_at": "timestamptz", "pending_reason": "varchar",
-        "estimated_start_at": "timestamptz", "attempt": "integer", "isolation": "varchar",
-    })
+    jobs_update(
+        jobs,
+        {
+            "state": "varchar",
+            "node_id": "bigint",
+            "scheduled_at": "timestamptz",
+            "pending_reason": "varchar",
+            "estimated_start_at": "timestamptz",
+            "attempt": "integer",
+            "isolation": "varchar",
+        },
+    )
     rows_insert(JobEvent, ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"), events)
     messages = launch_messages([d.job_id for d in placements])
     transaction.on_commit(lambda: nodes_send(messages))
@@ -346,8 +421,16 @@ def launch_messages(job_ids: list[int]) -> list[tuple[str, str, dict]]:
         uuids.setdefault(job_id, []).append(uuid)
         shares[job_id] = share
     rows = Job.objects.filter(pk__in=list(uuids)).values_list(
-        "id", "attempt", "tenant__slug", "command", "env", "image", "mode", "max_runtime_s",
-        "priority__grace_period_s", "node__name",
+        "id",
+        "attempt",
+        "tenant__slug",
+        "command",
+        "env",
+        "image",
+        "mode",
+        "max_runtime_s",
+        "priority__grace_period_s",
+        "node__name",
     )
     default_grace = settings.GPUSHARE["STOP_GRACE_S"]
     return [
@@ -378,8 +461,9 @@ def launches_resend(*, older_than_s: int = 30, now=None) -> int:
     cutoff = (now or timezone.now()) - timedelta(seconds=older_than_s)
     with scopes_disabled():
         stuck = list(
-            Job.objects.filter(state=JobState.SCHEDULED, scheduled_at__lt=cutoff, node__state=Node.State.UP)
-            .values_list("pk", flat=True)[:1000]
+            Job.objects.filter(
+                state=JobState.SCHEDULED, scheduled_at__lt=cutoff, node__state=Node.State.UP
+            ).values_list("pk", flat=True)[:1000]
         )
         messages = launch_messages(stuck)
     if messages:
@@ -408,9 +492,11 @@ def _preemptions_write(preemptions, classes: dict[int, PriorityClass]) -> int:
     by_victim = {p.victim_id: p for p in preemptions}
     requesters = dict(Job.objects.filter(pk__in=[p.for_job_id for p in preemptions]).values_list("id", "priority_id"))
     messages = []
-    victims = Job.objects.select_for_update(of=("self",)).filter(
-        pk__in=list(by_victim), state__in=ACTIVE_STATES, stop_requested=""
-    ).select_related("node")
+    victims = (
+        Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=list(by_victim), state__in=ACTIVE_STATES, stop_requested="")
+        .select_related("node")
+    )
     count = 0
     for job in victims:
         decision = by_victim[job.pk]
@@ -419,11 +505,17 @@ def _preemptions_write(preemptions, classes: dict[int, PriorityClass]) -> int:
         job.stop_requested = "preempt"
         job.stop_reason = reason
         job.save(update_fields=["stop_requested", "stop_reason"])
-        JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state=job.state, to_state=job.state,
-                                detail=reason)
+        JobEvent.objects.create(
+            tenant_id=job.tenant_id, job=job, from_state=job.state, to_state=job.state, detail=reason
+        )
         grace = classes[job.priority_id].grace_period_s
-        messages.append((job.node.name, "agent.stop",
-                         {"job_id": job.pk, "attempt": job.attempt, "reason": reason, "grace_s": grace}))
+        messages.append(
+            (
+                job.node.name,
+                "agent.stop",
+                {"job_id": job.pk, "attempt": job.attempt, "reason": reason, "grace_s": grace},
+            )
+        )
         count += 1
     transaction.on_commit(lambda: nodes_send(messages))
     return count
@@ -493,8 +585,17 @@ def _task_message(task: str, payload: dict) -> tuple[str, list, dict]:
     task_id = str(uuid4())
     body = [[], payload, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
     headers = {
-        "lang": "py", "task": task, "id": task_id, "root_id": task_id, "parent_id": None, "group": None,
-        "retries": 0, "eta": None, "expires": None, "ignore_result": True, "argsrepr": "()",
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "ignore_result": True,
+        "argsrepr": "()",
         "kwargsrepr": f"{{'job_id': {payload.get('job_id')}, ...}}",
     }
     return task_id, body, headers
@@ -512,9 +613,13 @@ def _redis_push(broker: str, messages: list[tuple[str, str, dict]]) -> None:
                 "content-type": "application/json",
                 "headers": headers,
                 "properties": {
-                    "correlation_id": task_id, "reply_to": "", "delivery_mode": 2, "priority": 0,
+                    "correlation_id": task_id,
+                    "reply_to": "",
+                    "delivery_mode": 2,
+                    "priority": 0,
                     "delivery_info": {"exchange": queue, "routing_key": queue},
-                    "body_encoding": "base64", "delivery_tag": str(uuid4()),
+                    "body_encoding": "base64",
+                    "delivery_tag": str(uuid4()),
                 },
             }
             pipe.lpush(queue, json.dumps(envelope))
@@ -533,5 +638,12 @@ def _kombu_publish(messages: list[tuple[str, str, dict]]) -> None:
             queue = app.amqp.queues[node_queue(node)]
             maybe_declare(queue, producer.channel)
             task_id, body, headers = _task_message(task, payload)
-            producer.publish(body, exchange=queue.exchange, routing_key=queue.routing_key, serializer="json",
-                             retry=True, headers=headers, correlation_id=task_id)
+            producer.publish(
+                body,
+                exchange=queue.exchange,
+                routing_key=queue.routing_key,
+                serializer="json",
+                retry=True,
+                headers=headers,
+                correlation_id=task_id,
+            )

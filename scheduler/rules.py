@@ -56,7 +56,13 @@ def _int(value, field: str, *, low: int = 0, high: int | None = None) -> int:
 def _apply(klass: PriorityClass, changes: dict) -> list[str] | None:
     """Copy validated fields onto ``klass``; returns the new may_preempt names, if given."""
     unknown = set(changes) - {
-        "rank", "preemptible", "may_preempt", "min_runtime_s", "grace_period_s", "price_multiplier", "default_for_kind"
+        "rank",
+        "preemptible",
+        "may_preempt",
+        "min_runtime_s",
+        "grace_period_s",
+        "price_multiplier",
+        "default_for_kind",
     }
     if unknown:
         raise RuleError(f"unknown priority class field(s): {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
@@ -112,8 +118,9 @@ def _validate(klass: PriorityClass, may_preempt: list[str], before_defaults: set
     for other in others.values():
         if klass.name in {c.name for c in other.may_preempt.all()}:
             if not klass.preemptible:
-                raise RuleError(f"class {other.name} may preempt {klass.name}, so it must stay preemptible",
-                                field="preemptible")
+                raise RuleError(
+                    f"class {other.name} may preempt {klass.name}, so it must stay preemptible", field="preemptible"
+                )
             if other.rank <= klass.rank:
                 raise RuleError(
                     f"class {other.name} (rank {other.rank}) preempts {klass.name}, so {klass.name}'s rank must "
@@ -143,7 +150,7 @@ def _acyclic(graph: dict[str, set[str]]) -> None:
         if state.get(name) == 2:
             return
         if state.get(name) == 1:
-            cycle = " -> ".join([*path[path.index(name):], name])
+            cycle = " -> ".join([*path[path.index(name) :], name])
             raise RuleError(f"preemption rules would form a cycle: {cycle}", field="may_preempt")
         state[name] = 1
         for nxt in graph.get(name, ()):
@@ -193,8 +200,9 @@ def priority_class_update(*, actor, priority_class: PriorityClass, changes: dict
     klass.may_preempt.set(targets)
     after = _class_snapshot(klass)
     if after != before:
-        audit_record(actor=actor, tenant=None, action="priority_class.update", target=klass.name, before=before,
-                     after=after)
+        audit_record(
+            actor=actor, tenant=None, action="priority_class.update", target=klass.name, before=before, after=after
+        )
         schedule_soon()
     return klass
 
@@ -214,20 +222,32 @@ def tenant_weight_set(*, actor, tenant: Tenant, weight) -> TenantShare:
         before = str(share.weight)
         share.weight = value
         share.save(update_fields=["weight"])
-    audit_record(actor=actor, tenant=tenant, action="scheduler.tenant_weight", target=tenant.slug,
-                 before={"weight": before}, after={"weight": str(value)})
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="scheduler.tenant_weight",
+        target=tenant.slug,
+        before={"weight": before},
+        after={"weight": str(value)},
+    )
     schedule_soon()
     return share
 
 
 @transaction.atomic
 def scheduler_settings_update(
-    *, actor, fair_share_half_life_s: int | None = None, default_max_runtime_s: int | None = None,
+    *,
+    actor,
+    fair_share_half_life_s: int | None = None,
+    default_max_runtime_s: int | None = None,
     backfill: bool | None = None,
 ) -> SchedulerSettings:
     conf = settings_get()
-    before = {"fair_share_half_life_s": conf.fair_share_half_life_s,
-              "default_max_runtime_s": conf.default_max_runtime_s, "backfill": conf.backfill}
+    before = {
+        "fair_share_half_life_s": conf.fair_share_half_life_s,
+        "default_max_runtime_s": conf.default_max_runtime_s,
+        "backfill": conf.backfill,
+    }
     if fair_share_half_life_s is not None:
         conf.fair_share_half_life_s = _int(fair_share_half_life_s, "fair_share_half_life_s", low=1)
     if default_max_runtime_s is not None:
@@ -237,8 +257,11 @@ def scheduler_settings_update(
             raise RuleError("backfill must be true or false", field="backfill")
         conf.backfill = backfill
     conf.save()
-    after = {"fair_share_half_life_s": conf.fair_share_half_life_s,
-             "default_max_runtime_s": conf.default_max_runtime_s, "backfill": conf.backfill}
+    after = {
+        "fair_share_half_life_s": conf.fair_share_half_life_s,
+        "default_max_runtime_s": conf.default_max_runtime_s,
+        "backfill": conf.backfill,
+    }
     audit_record(actor=actor, tenant=None, action="scheduler.settings", target="scheduler", before=before, after=after)
     schedule_soon()
     return conf

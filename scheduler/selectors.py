@@ -66,7 +66,6 @@ def _chunk_start(job: Job, offset: int) -> int:
     return chunk["offset"] if chunk else 0
 
 
-
 def tenant_weights() -> dict[int, object]:
     """Tenant id -> fair-share weight (Decimal), for tenants whose weight was set (others weigh 1)."""
     from django_scopes import scopes_disabled

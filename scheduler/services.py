@@ -308,8 +308,7 @@ def node_reconcile(*, node: Node, running: list[dict]) -> None:
     that the platform no longer expects there are stopped."""
     reported = {(int(r["job_id"]), int(r.get("attempt", 0))) for r in running}
     expected = {
-        (job.pk, job.attempt): job
-        for job in Job.objects.select_for_update().filter(node=node, state__in=ACTIVE_STATES)
+        (job.pk, job.attempt): job for job in Job.objects.select_for_update().filter(node=node, state__in=ACTIVE_STATES)
     }
     policy = settings.GPUSHARE["LOST_JOB_POLICY"]
     for key, job in expected.items():

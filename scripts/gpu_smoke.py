@@ -129,10 +129,21 @@ class Report:
 
 
 def start_worker(mode: str, env: dict, *, seconds: float, alloc_mb: int = 1024, over_mb: int = 0):
-    argv = [sys.executable, __file__, "--worker", mode, "--seconds", str(seconds),
-            "--alloc-mb", str(alloc_mb), "--over-mb", str(over_mb)]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--seconds",
+        str(seconds),
+        "--alloc-mb",
+        str(alloc_mb),
+        "--over-mb",
+        str(over_mb),
+    ]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 60
     lines = []
     while time.monotonic() < deadline:
@@ -175,8 +186,11 @@ def check_pinned(report: Report, backend: NvmlBackend, uuid: str, seconds: float
                 elsewhere.add(other.uuid)
     last = backend.sample([job])[uuid]
     proc.wait(timeout=60)
-    report.check("pinning", info["visible"] == uuid and not elsewhere,
-                 f"worker saw CUDA_VISIBLE_DEVICES={info['visible']}; on other GPUs: {sorted(elsewhere) or 'none'}")
+    report.check(
+        "pinning",
+        info["visible"] == uuid and not elsewhere,
+        f"worker saw CUDA_VISIBLE_DEVICES={info['visible']}; on other GPUs: {sorted(elsewhere) or 'none'}",
+    )
     report.check("per-process memory", peak_mb >= 1000, f"NVML attributed {peak_mb} MiB to the worker (allocated 1024)")
     report.check(
         "per-process SM utilisation", peak_sm > 0, f"peak {peak_sm:.0f} % from nvmlDeviceGetProcessUtilization"

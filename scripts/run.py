@@ -70,25 +70,25 @@ def main() -> None:
     acme = demo["tenants"]["acme"]
     print(
         f"""
-  gpushare is starting ({'SQLite + embedded broker' if 'DATABASE_URL' not in os.environ else 'DATABASE_URL'})
+  gpushare is starting ({"SQLite + embedded broker" if "DATABASE_URL" not in os.environ else "DATABASE_URL"})
 
   portal      {base}/
-  admin       {base}/admin/       login: operator / {demo['password']}
+  admin       {base}/admin/       login: operator / {demo["password"]}
   API docs    {base}/api/docs/
   console     {base}/console/      (operator: fleet, queue, rules with what-if)
   endpoints   http://127.0.0.1:{GATEWAY_PORT}/e/<tenant>/<endpoint>/   (inference gateway)
-  tenants     acme:   {acme['user']} / {demo['password']}
-              globex: {demo['tenants']['globex']['user']} / {demo['password']}
-  API tokens  acme:   {acme['token']}
-              globex: {demo['tenants']['globex']['token']}
+  tenants     acme:   {acme["user"]} / {demo["password"]}
+              globex: {demo["tenants"]["globex"]["user"]} / {demo["password"]}
+  API tokens  acme:   {acme["token"]}
+              globex: {demo["tenants"]["globex"]["token"]}
   node        {NODE} with {SIM_GPUS}
 
   try:
-    curl -s -X POST {base}/api/v1/jobs/ -H "Authorization: Bearer {acme['token']}" \\
+    curl -s -X POST {base}/api/v1/jobs/ -H "Authorization: Bearer {acme["token"]}" \\
       -H 'Content-Type: application/json' \\
       -d '{{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}}'
 
-  (demo credentials are also in {var / 'demo.json'}; Ctrl-C stops everything)
+  (demo credentials are also in {var / "demo.json"}; Ctrl-C stops everything)
 """,
         flush=True,
     )

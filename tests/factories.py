@@ -64,9 +64,11 @@ def platform_rules_seed() -> None:
 
 
 def price(model: str, mode: str) -> Decimal:
-    return Price.objects.filter(gpu_model=model, mode=mode, effective_from__lte=timezone.now()).latest(
-        "effective_from"
-    ).per_gpu_hour
+    return (
+        Price.objects.filter(gpu_model=model, mode=mode, effective_from__lte=timezone.now())
+        .latest("effective_from")
+        .per_gpu_hour
+    )
 
 
 def priority(name: str) -> PriorityClass:

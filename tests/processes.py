@@ -80,8 +80,23 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     proc, log_path = _spawn(
         name,
         [
-            sys.executable, "-m", "celery", "-A", "gpushare", "worker", "-Q", "platform", "-c", "2",
-            "-l", "info", "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "gpushare",
+            "worker",
+            "-Q",
+            "platform",
+            "-c",
+            "2",
+            "-l",
+            "info",
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ],
         env,
     )
@@ -143,9 +158,24 @@ def agent_factory(transactional_db, tmp_path, celery_worker_process):
         token = node_credential_issue(name=node)
         var_dir = tmp_path / f"agent-{node}"
         argv = [
-            sys.executable, "-m", "agents", "--node", node, "--broker", settings.REDIS_URL,
-            "--var-dir", str(var_dir), "--gpus", gpus, "--sample-interval", "0.2", "--window", "1",
-            "--heartbeat", "1", *extra,
+            sys.executable,
+            "-m",
+            "agents",
+            "--node",
+            node,
+            "--broker",
+            settings.REDIS_URL,
+            "--var-dir",
+            str(var_dir),
+            "--gpus",
+            gpus,
+            "--sample-interval",
+            "0.2",
+            "--window",
+            "1",
+            "--heartbeat",
+            "1",
+            *extra,
         ]
         env = process_env()
         for secret in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
@@ -155,8 +185,10 @@ def agent_factory(transactional_db, tmp_path, celery_worker_process):
         started.append(agent)
         if wait:
             wait_for(
-                lambda: Node.objects.filter(name=node, state=Node.State.UP, gpus__isnull=False).exists()
-                or agent.proc.poll() is not None,
+                lambda: (
+                    Node.objects.filter(name=node, state=Node.State.UP, gpus__isnull=False).exists()
+                    or agent.proc.poll() is not None
+                ),
                 timeout=30,
                 what=f"agent {node} to register",
             )

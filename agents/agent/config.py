@@ -78,7 +78,10 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser.add_argument("--token-file", default=env.get("GPUSHARE_AGENT_TOKEN_FILE", ""), help="file holding the token")
     parser.add_argument(
         "--broker",
-        default=env.get("GPUSHARE_BROKER_URL") or env.get("CELERY_BROKER_URL") or env.get("REDIS_URL") or "filesystem://",
+        default=env.get("GPUSHARE_BROKER_URL")
+        or env.get("CELERY_BROKER_URL")
+        or env.get("REDIS_URL")
+        or "filesystem://",
     )
     parser.add_argument("--var-dir", default=env.get("GPUSHARE_VAR_DIR", "var"))
     parser.add_argument(

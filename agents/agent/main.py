@@ -259,9 +259,7 @@ class Agent:
             self._launch_refused(spec, f"node has no GPU {', '.join(unknown)}")
             return
         if spec.image and not docker_available(self.config.docker):
-            self._launch_refused(
-                spec, f"job asks for image {spec.image!r} but no docker engine answers on this node"
-            )
+            self._launch_refused(spec, f"job asks for image {spec.image!r} but no docker engine answers on this node")
             return
         try:
             extra_env = self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {}
@@ -422,9 +420,7 @@ class Agent:
             holders = {j.spec.job_id: j for j in running if uuid in j.spec.gpu_uuids}
             if not holders:
                 continue
-            weights = {
-                job_id: (sample.jobs[job_id].sm_util if job_id in sample.jobs else 0.0) for job_id in holders
-            }
+            weights = {job_id: (sample.jobs[job_id].sm_util if job_id in sample.jobs else 0.0) for job_id in holders}
             if not any(weights.values()):
                 weights = {job_id: float(job.spec.share_milli) for job_id, job in holders.items()}
             for job_id, part in split_energy(max(delta, 0), weights).items():

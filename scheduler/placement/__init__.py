@@ -27,7 +27,24 @@ from .data import (
 from .fairshare import standing, usage_accumulate, usage_decay
 
 __all__ = [
-    "ANY", "DEDICATED_ONLY", "NEVER", "SHARED_ONLY", "WHOLE", "GpuSlot", "Limits", "NodeSlot", "Placement", "Plan",
-    "Policy", "Preemption", "Request", "Running", "Session", "plan", "queue_order", "standing", "usage_accumulate",
+    "ANY",
+    "DEDICATED_ONLY",
+    "NEVER",
+    "SHARED_ONLY",
+    "WHOLE",
+    "GpuSlot",
+    "Limits",
+    "NodeSlot",
+    "Placement",
+    "Plan",
+    "Policy",
+    "Preemption",
+    "Request",
+    "Running",
+    "Session",
+    "plan",
+    "queue_order",
+    "standing",
+    "usage_accumulate",
     "usage_decay",
 ]

@@ -131,8 +131,15 @@ class _Planner:
                 head = queues[(rank, tenant)][-1]
                 heapq.heappush(
                     heap,
-                    (-rank, self.standing(tenant, head), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
-                     tenant),
+                    (
+                        -rank,
+                        self.standing(tenant, head),
+                        head.submitted_ms,
+                        head.job_id,
+                        version.get(tenant, 0),
+                        rank,
+                        tenant,
+                    ),
                 )
                 continue
             queue = queues[(rank, tenant)]
@@ -145,8 +152,15 @@ class _Planner:
                 head = queue[-1]
                 heapq.heappush(
                     heap,
-                    (-rank, self.standing(tenant, head), head.submitted_ms, head.job_id, version.get(tenant, 0), rank,
-                     tenant),
+                    (
+                        -rank,
+                        self.standing(tenant, head),
+                        head.submitted_ms,
+                        head.job_id,
+                        version.get(tenant, 0),
+                        rank,
+                        tenant,
+                    ),
                 )
         self._estimate()
         return self.result

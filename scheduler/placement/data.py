@@ -91,8 +91,15 @@ class Request:
 
     def shape(self) -> tuple:
         """What placement depends on; requests of one shape fit (or not) in the same places."""
-        return (self.shared, self.count, self.share_milli, self.gpu_model, self.gpu_memory_mb,
-                self.cpu_milli, self.memory_mib)
+        return (
+            self.shared,
+            self.count,
+            self.share_milli,
+            self.gpu_model,
+            self.gpu_memory_mb,
+            self.cpu_milli,
+            self.memory_mib,
+        )
 
 
 @dataclass(frozen=True)

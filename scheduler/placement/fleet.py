@@ -155,7 +155,8 @@ class Fleet:
                     if not node.host_fits(request.cpu_milli, request.memory_mib):
                         continue
                     gpus = [
-                        g for g in per_node[node.name].values()
+                        g
+                        for g in per_node[node.name].values()
                         if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
                     ]
                     if len(gpus) < need:

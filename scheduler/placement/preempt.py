@@ -19,9 +19,14 @@ def victims_eligible(request: Request, running: list[Running], policy: Policy, t
     if not allowed:
         return []
     return [
-        r for r in running
-        if r.priority in allowed and r.preemptible and r.rank < request.rank and not r.stopping
-        and r.job_id not in taken and policy.now_ms - r.started_ms >= r.min_runtime_ms
+        r
+        for r in running
+        if r.priority in allowed
+        and r.preemptible
+        and r.rank < request.rank
+        and not r.stopping
+        and r.job_id not in taken
+        and policy.now_ms - r.started_ms >= r.min_runtime_ms
     ]
 
 
@@ -45,9 +50,13 @@ def victims_choose(
         victims.sort(key=lambda v: _cost(v, now_ms))
         if request.shared:
             gpus = [
-                g for g in node.gpus
-                if g.model in models and g.healthy and g.reservation != DEDICATED_ONLY
-                and g.uuid not in fleet.reserved and g.memory_mb >= slice_memory(g, request)
+                g
+                for g in node.gpus
+                if g.model in models
+                and g.healthy
+                and g.reservation != DEDICATED_ONLY
+                and g.uuid not in fleet.reserved
+                and g.memory_mb >= slice_memory(g, request)
             ]
             for gpu in gpus:
                 found = _make_room(victims, [gpu], lambda free, g=gpu: _slice_room(g, free, request))
@@ -56,9 +65,13 @@ def victims_choose(
             continue
         for model in models:
             gpus = [
-                g for g in node.gpus
-                if g.model == model and g.healthy and g.reservation != SHARED_ONLY
-                and g.uuid not in fleet.reserved and g.memory_mb >= request.gpu_memory_mb
+                g
+                for g in node.gpus
+                if g.model == model
+                and g.healthy
+                and g.reservation != SHARED_ONLY
+                and g.uuid not in fleet.reserved
+                and g.memory_mb >= request.gpu_memory_mb
             ]
             if len(gpus) < request.count:
                 continue

@@ -21,6 +21,7 @@ def earliest_start(
     (a job past its estimate is still running now). Reserved GPUs are skipped
     unless ``skip_reserved`` is false.
     """
+
     def ends_at(end: float, job_id: int) -> float:
         stop = stopping_end.get(job_id)
         return stop if stop is not None else max(end, now_ms + 1)
@@ -149,8 +150,11 @@ class Timeline:
                 if len(times) < request.count or (node.cpu_milli and node.cpu_milli < request.cpu_milli):
                     continue
                 if memory < request.gpu_memory_mb:
-                    fits = [t for t, g in zip(times, self._node_gpus(node, model), strict=True)
-                            if g.memory_mb >= request.gpu_memory_mb]
+                    fits = [
+                        t
+                        for t, g in zip(times, self._node_gpus(node, model), strict=True)
+                        if g.memory_mb >= request.gpu_memory_mb
+                    ]
                     if len(fits) < request.count:
                         continue
                     at = fits[request.count - 1]

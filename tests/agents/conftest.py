@@ -128,4 +128,4 @@ def env_dump_command(marker: str = "ENV=") -> list[str]:
 
 def parse_env_dump(output: str, marker: str = "ENV=") -> dict:
     line = next(line for line in output.splitlines() if line.startswith(marker))
-    return json.loads(line[len(marker):])
+    return json.loads(line[len(marker) :])

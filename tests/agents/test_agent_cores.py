@@ -15,8 +15,16 @@ from agents.agent.mps import slice_client_env
 
 def spec(**overrides) -> LaunchSpec:
     fields = dict(
-        job_id=5, attempt=2, command=["python", "train.py"], env={}, gpu_uuids=["GPU-a", "GPU-b"], share_milli=1000,
-        mode="dedicated", max_runtime_s=60, grace_s=9, image="",
+        job_id=5,
+        attempt=2,
+        command=["python", "train.py"],
+        env={},
+        gpu_uuids=["GPU-a", "GPU-b"],
+        share_milli=1000,
+        mode="dedicated",
+        max_runtime_s=60,
+        grace_s=9,
+        image="",
     )
     return LaunchSpec(**{**fields, **overrides})
 

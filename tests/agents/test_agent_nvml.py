@@ -58,7 +58,8 @@ def test_agent_on_nvml_registers_and_meters_a_job_from_driver_figures(platform, 
         fake_nvml.save()
         job = wait_for(
             lambda: (j := Job.objects.get(pk=job_id)).state in (JobState.SUCCEEDED, JobState.FAILED) and j,
-            timeout=45, what="the job to end once NVML no longer lists it",
+            timeout=45,
+            what="the job to end once NVML no longer lists it",
         )
         assert job.state == JobState.SUCCEEDED, job.stop_reason
         windows = wait_for(lambda: list(UsageWindow.objects.filter(job=job).order_by("seq")), what="windows")

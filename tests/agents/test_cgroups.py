@@ -47,6 +47,7 @@ def cgroup_dir():
             child.rmdir()
         except FileNotFoundError:
             pass
+
     def removed():
         try:
             path.rmdir()

@@ -12,8 +12,13 @@ SCRIPT = ROOT / "scripts" / "gpu_smoke.py"
 
 def run(env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--seconds", "2"], env={"PATH": "/usr/bin:/bin", **env}, cwd=ROOT,
-        capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, str(SCRIPT), "--seconds", "2"],
+        env={"PATH": "/usr/bin:/bin", **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

@@ -43,7 +43,8 @@ def _running_on(job_id: int) -> str:
 def _ended(job_id: int) -> Job:
     return wait_for(
         lambda: (j := _job(job_id)).state in (JobState.FAILED, JobState.SUCCEEDED, JobState.CANCELLED) and j,
-        timeout=45, what=f"job {job_id} to end",
+        timeout=45,
+        what=f"job {job_id} to end",
     )
 
 
@@ -56,8 +57,10 @@ def test_application_xid_fails_the_job_and_keeps_the_gpu(platform, nvml_agent, f
     job = _ended(job_id)
     assert job.state == JobState.FAILED
     assert f"XID 13 (application error) on GPU {uuid}" in job.stop_reason
-    wait_for(lambda: AuditLog.objects.filter(action="gpu.application_error", target__endswith=uuid).exists(),
-             what="the audit entry")
+    wait_for(
+        lambda: AuditLog.objects.filter(action="gpu.application_error", target__endswith=uuid).exists(),
+        what="the audit entry",
+    )
     gpu = Gpu.objects.get(uuid=uuid)
     assert gpu.health == Gpu.Health.OK
     assert not GpuOutage.objects.filter(gpu=gpu).exists()

@@ -86,10 +86,14 @@ def test_a_slice_over_its_memory_total_is_stopped(nvml_agent, mps_control, fake_
     fake_nvml.proc_add(1, pid, memory_mb=12_000, mps=True)
     wait_for(
         lambda: "stopping job 9103: GPU memory 12000 MiB exceeds the slice's 10194 MiB" in agent.log(),
-        timeout=45, what="the agent to stop the slice",
+        timeout=45,
+        what="the agent to stop the slice",
     )
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-             timeout=30, what="the job's process to end")
+    wait_for(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        timeout=30,
+        what="the job's process to end",
+    )
     # The driver still lists the pid: the slice is not reported free yet.
     assert "job 9103 attempt 1 ended" not in agent.log()
     fake_nvml.procs.clear()

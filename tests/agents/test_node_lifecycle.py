@@ -50,9 +50,7 @@ def _start_job(platform, agent) -> tuple[int, int]:
     return job_id, pid
 
 
-def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(
-    platform, agent_factory, fast_heartbeats, node
-):
+def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(platform, agent_factory, fast_heartbeats, node):
     agent = agent_factory(node, gpus="sim:2xH100-80GB")
     job_id, pid = _start_job(platform, agent)
     with scopes_disabled():
@@ -70,7 +68,8 @@ def test_kill_9_of_the_agent_marks_the_node_down_and_restart_reconciles(
     assert job.state == JobState.QUEUED  # LOST_JOB_POLICY=requeue
     with scopes_disabled():
         assert list(JobEvent.objects.filter(job_id=job_id).values_list("to_state", flat=True))[-2:] == [
-            JobState.LOST, JobState.QUEUED,
+            JobState.LOST,
+            JobState.QUEUED,
         ]
         assert not job.allocations.filter(released_at__isnull=True).exists()  # its GPU is free
         last_end = max(UsageWindow.objects.filter(job_id=job_id).values_list("end_ms", flat=True))
@@ -98,7 +97,8 @@ def test_a_quick_restart_reports_what_runs_and_the_platform_reconciles(platform,
     wait_for(lambda: not _alive(pid), timeout=45, what="the leftover process to be killed")
     # Registration says nothing runs: the platform marks attempt 1 lost and requeues it; it runs again.
     wait_for(
-        lambda: (j := _job(job_id)).attempt == 2 and j.state == JobState.RUNNING, timeout=60,
+        lambda: (j := _job(job_id)).attempt == 2 and j.state == JobState.RUNNING,
+        timeout=60,
         what="the job requeued and running again",
     )
     with scopes_disabled():

@@ -33,8 +33,15 @@ def backend(load_fake_nvml, fake_nvml_dir, tmp_path):
 
 def spec(job_id=1, *, uuids=(GPU0,), share_milli=1000) -> LaunchSpec:
     return LaunchSpec(
-        job_id=job_id, attempt=1, command=["true"], env={}, gpu_uuids=list(uuids), share_milli=share_milli,
-        mode="shared" if share_milli < 1000 else "dedicated", max_runtime_s=60, grace_s=5,
+        job_id=job_id,
+        attempt=1,
+        command=["true"],
+        env={},
+        gpu_uuids=list(uuids),
+        share_milli=share_milli,
+        mode="shared" if share_milli < 1000 else "dedicated",
+        max_runtime_s=60,
+        grace_s=5,
     )
 
 
@@ -128,8 +135,12 @@ def test_agent_without_nvml_refuses_to_start_with_a_clear_message(tmp_path):
     def run(*flags):
         return subprocess.run(
             [sys.executable, "-m", "agents", "--node", "n", "--token", "t", "--var-dir", str(tmp_path), *flags],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-            capture_output=True, text=True, timeout=60, check=False,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     explicit = run("--gpus", "nvml")
@@ -183,6 +194,9 @@ def test_real_loader_finds_the_fake_through_ld_library_path(fake_nvml_dir, fake_
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={"LD_LIBRARY_PATH": str(fake_nvml_dir), "FAKE_NVML_CONFIG": str(fake_nvml.path), "PATH": "/usr/bin"},
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert out.stdout.split() == ["2", "550.54.15"]

@@ -85,7 +85,8 @@ def test_windows_spool_during_an_outage_and_arrive_exactly_once(
     redis_proxy.restore()
     job = wait_for(
         lambda: (j := _job(job_id)).state in (JobState.SUCCEEDED, JobState.FAILED) and j,
-        timeout=60, what="the job to end after the outage",
+        timeout=60,
+        what="the job to end after the outage",
     )
     assert job.state == JobState.SUCCEEDED
     wait_for(lambda: _outbox(agent) == 0, timeout=30, what="the outbox to drain")
@@ -124,8 +125,10 @@ def test_an_outage_long_enough_to_down_the_node_ends_with_one_copy_of_the_job(
     # Attempt 1 (still running through the outage) is stopped; the requeued job runs as attempt 2.
     wait_for(lambda: "job " + str(job_id) + " attempt 1 ended" in agent.log(), timeout=45, what="attempt 1 stopped")
     job = wait_for(
-        lambda: _beat() or ((j := _job(job_id)).state == JobState.RUNNING and j.attempt == 2 and j), timeout=60,
-        interval=1, what="attempt 2 running",
+        lambda: _beat() or ((j := _job(job_id)).state == JobState.RUNNING and j.attempt == 2 and j),
+        timeout=60,
+        interval=1,
+        what="attempt 2 running",
     )
     assert job.node.name == node
     assert agent.log().count(f"job {job_id} attempt 2 started") == 1

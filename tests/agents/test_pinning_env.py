@@ -100,7 +100,8 @@ def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_fa
     launch_direct(agent, 7004, ["python", "-V"], gpu_uuids=[], image="python:3.12-slim")
     wait_for(
         lambda: "no docker engine answers on this node" in agent.log(),
-        timeout=60, what="the agent to refuse the image job",
+        timeout=60,
+        what="the agent to refuse the image job",
     )
     assert not (agent.var_dir / "agent" / node / "jobs" / "7004-1").exists()
 

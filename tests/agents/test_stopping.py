@@ -58,7 +58,8 @@ def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_facto
     launch_direct(agent, 8001, [sys.executable, "-c", STUBBORN_TREE], grace_s=grace)
     output = wait_for(
         lambda: len(_pids(out := wait_output(agent, 8001, "GRACE="))) >= 5 and out,
-        timeout=45, what="the job tree to start",
+        timeout=45,
+        what="the job tree to start",
     )
     assert f"GRACE={grace}" in output
     pids = _pids(output)
@@ -81,8 +82,13 @@ def test_stop_terms_the_whole_tree_waits_the_grace_period_then_kills(agent_facto
 
 def test_max_runtime_stops_the_job(agent_factory, node):
     agent = agent_factory(node)
-    launch_direct(agent, 8002, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
-                  max_runtime_s=2, grace_s=1)
+    launch_direct(
+        agent,
+        8002,
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+        max_runtime_s=2,
+        grace_s=1,
+    )
     wait_output(agent, 8002, "up")
     started = time.monotonic()
     wait_for(lambda: "job 8002 attempt 1 ended" in agent.log(), timeout=45, what="max runtime to end the job")
@@ -109,8 +115,9 @@ def test_a_newer_attempt_waits_for_the_old_one_to_end(agent_factory, node):
     launch_direct(agent, 8004, hold, grace_s=3)
     wait_for(lambda: len(_pids(wait_output(agent, 8004, "GRACE="))) >= 5, timeout=45, what="attempt 1 to start")
     old = _pids(wait_output(agent, 8004, "GRACE="))
-    launch_direct(agent, 8004, [sys.executable, "-c", "import os; os.write(1, b'PID=%d\\n' % os.getpid())"],
-                  attempt=2, grace_s=3)
+    launch_direct(
+        agent, 8004, [sys.executable, "-c", "import os; os.write(1, b'PID=%d\\n' % os.getpid())"], attempt=2, grace_s=3
+    )
     wait_output(agent, 8004, "PID=", attempt=2, timeout=60)
     # Attempt 2 started only once every process of attempt 1 was gone.
     assert not any(_alive(p) for p in old)

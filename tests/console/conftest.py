@@ -11,8 +11,9 @@ from agents.models import Gpu, Node
 
 @pytest.fixture
 def operator(db):
-    return get_user_model().objects.create_user("operator@example.test", password="operator-pass", is_staff=True,
-                                                is_superuser=True)
+    return get_user_model().objects.create_user(
+        "operator@example.test", password="operator-pass", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture
@@ -37,7 +38,10 @@ def node_with_gpus(name: str, models=("H100-80GB", "H100-80GB"), *, state=Node.S
     node = Node.objects.create(name=name, state=state, token_hash="x", backend="sim")
     for index, model in enumerate(models):
         Gpu.objects.create(
-            node=node, uuid=f"GPU-{name}-{index}", index=index, model=model,
+            node=node,
+            uuid=f"GPU-{name}-{index}",
+            index=index,
+            model=model,
             memory_mb=81920 if "H100" in model else 24576,
             last_metrics={"util": 42.0, "memory_used_mb": 1024, "temperature_c": 51},
         )

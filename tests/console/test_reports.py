@@ -42,14 +42,31 @@ def test_report_reads_the_ledger_per_model_node_and_tenant(staff_client, fleet, 
             created_at=start, released_at=start + timedelta(hours=held_h)
         )
         window = UsageWindow.objects.create(
-            tenant=owner, job=job, node=node, attempt=1, seq=0, start_ms=start_ms,
-            end_ms=start_ms + held_h * HOUR_MS, gpu_model=model, mode="dedicated", gpu_ms=held_h * HOUR_MS,
+            tenant=owner,
+            job=job,
+            node=node,
+            attempt=1,
+            seq=0,
+            start_ms=start_ms,
+            end_ms=start_ms + held_h * HOUR_MS,
+            gpu_model=model,
+            mode="dedicated",
+            gpu_ms=held_h * HOUR_MS,
             amount=Decimal(amount),
         )
         Charge.objects.create(
-            tenant=owner, window=window, job=job, month=start.date(), start_ms=window.start_ms, end_ms=window.end_ms,
-            gpu_model=model, mode="dedicated", priority_class="standard", rate_per_gpu_hour=Decimal(1),
-            gpu_ms=window.gpu_ms, amount=Decimal(amount),
+            tenant=owner,
+            window=window,
+            job=job,
+            month=start.date(),
+            start_ms=window.start_ms,
+            end_ms=window.end_ms,
+            gpu_model=model,
+            mode="dedicated",
+            priority_class="standard",
+            rate_per_gpu_hour=Decimal(1),
+            gpu_ms=window.gpu_ms,
+            amount=Decimal(amount),
         )
     out = fleet[1].gpus.get(index=1)
     GpuOutage.objects.create(gpu=out, started_at=start, ended_at=start + timedelta(hours=10), reason="XID 79")
@@ -66,7 +83,8 @@ def test_report_reads_the_ledger_per_model_node_and_tenant(staff_client, fleet, 
     by_node = {line.name: line for line in report.by_node}
     assert by_node["node-b"].held_gpu_hours == 1.0 and by_node["node-b"].revenue == Decimal("0.70")
     assert [(t.name, t.revenue) for t in report.top_tenants] == [
-        (tenant.slug, Decimal("4.98")), (other_tenant.slug, Decimal("0.70"))
+        (tenant.slug, Decimal("4.98")),
+        (other_tenant.slug, Decimal("0.70")),
     ]
     assert report.total.revenue == Decimal("5.68")
     assert 'id="by-node"' in response.content.decode()

@@ -29,18 +29,30 @@ def test_the_seeded_rules_are_consistent():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"preemptible": ClassDraft("preemptible", 100, preemptible=True, may_preempt=frozenset({"preemptible"}))},
-         "class preemptible may not preempt itself"),
-        ({"standard": ClassDraft("standard", 200, may_preempt=frozenset({"serving"}))},
-         "class standard may preempt serving, but serving is not preemptible"),
-        ({"standard": ClassDraft("standard", 200, may_preempt=frozenset({"gold"}))},
-         "class standard may preempt gold, which does not exist"),
-        ({"preemptible": ClassDraft("preemptible", 400, preemptible=True)},
-         "class standard (rank 200) may preempt only lower ranks, but preemptible has rank 400"),
-        ({"preemptible": ClassDraft("preemptible", 100, preemptible=True, default_for_kind="training")},
-         "one default class per job kind: training has preemptible, standard"),
-        ({"preemptible": ClassDraft("preemptible", 100, preemptible=True, default_for_kind="batch")},
-         "class preemptible is the default for 'batch', which is not a job kind (kinds: training, inference)"),
+        (
+            {"preemptible": ClassDraft("preemptible", 100, preemptible=True, may_preempt=frozenset({"preemptible"}))},
+            "class preemptible may not preempt itself",
+        ),
+        (
+            {"standard": ClassDraft("standard", 200, may_preempt=frozenset({"serving"}))},
+            "class standard may preempt serving, but serving is not preemptible",
+        ),
+        (
+            {"standard": ClassDraft("standard", 200, may_preempt=frozenset({"gold"}))},
+            "class standard may preempt gold, which does not exist",
+        ),
+        (
+            {"preemptible": ClassDraft("preemptible", 400, preemptible=True)},
+            "class standard (rank 200) may preempt only lower ranks, but preemptible has rank 400",
+        ),
+        (
+            {"preemptible": ClassDraft("preemptible", 100, preemptible=True, default_for_kind="training")},
+            "one default class per job kind: training has preemptible, standard",
+        ),
+        (
+            {"preemptible": ClassDraft("preemptible", 100, preemptible=True, default_for_kind="batch")},
+            "class preemptible is the default for 'batch', which is not a job kind (kinds: training, inference)",
+        ),
     ],
 )
 def test_each_contradiction_is_named(change, message):
@@ -48,23 +60,35 @@ def test_each_contradiction_is_named(change, message):
 
 
 def test_a_preemption_cycle_is_found_even_when_each_edge_looks_fine_alone():
-    rules = RuleSet(classes=(
-        ClassDraft("a", 100, preemptible=True, may_preempt=frozenset({"b"})),
-        ClassDraft("b", 100, preemptible=True, may_preempt=frozenset({"c"})),
-        ClassDraft("c", 100, preemptible=True, may_preempt=frozenset({"a"})),
-    ))
+    rules = RuleSet(
+        classes=(
+            ClassDraft("a", 100, preemptible=True, may_preempt=frozenset({"b"})),
+            ClassDraft("b", 100, preemptible=True, may_preempt=frozenset({"c"})),
+            ClassDraft("c", 100, preemptible=True, may_preempt=frozenset({"a"})),
+        )
+    )
     problems = rules_problems(rules)
     assert "preemption cycle: a -> b -> c -> a (classes would preempt each other in turn)" in problems
 
 
 def form_data(**overrides) -> dict:
     """The rules page's POST body for the seeded rules, with overrides like {'standard-rank': 50}."""
-    data = {"cls-TOTAL_FORMS": "3", "cls-INITIAL_FORMS": "3", "cls-MIN_NUM_FORMS": "0", "cls-MAX_NUM_FORMS": "1000",
-            "half_life_hours": "168", "hours": "24"}
+    data = {
+        "cls-TOTAL_FORMS": "3",
+        "cls-INITIAL_FORMS": "3",
+        "cls-MIN_NUM_FORMS": "0",
+        "cls-MAX_NUM_FORMS": "1000",
+        "half_life_hours": "168",
+        "hours": "24",
+    }
     for i, c in enumerate(PriorityClass.objects.order_by("-rank", "name")):
         row = {
-            "id": c.pk, "rank": c.rank, "min_runtime_s": c.min_runtime_s, "grace_period_s": c.grace_period_s,
-            "price_multiplier": c.price_multiplier, "default_for_kind": c.default_for_kind,
+            "id": c.pk,
+            "rank": c.rank,
+            "min_runtime_s": c.min_runtime_s,
+            "grace_period_s": c.grace_period_s,
+            "price_multiplier": c.price_multiplier,
+            "default_for_kind": c.default_for_kind,
         }
         if c.preemptible:
             row["preemptible"] = "on"
@@ -127,10 +151,14 @@ def test_one_save_can_move_a_default_and_reorder_classes_in_the_order_the_schedu
     # Move 'training' default from standard to preemptible, lift preemptible above standard and drop the
     # standard -> preemptible edge: each alone would be refused by the scheduler in some order.
     standard = PriorityClass.objects.get(name="standard")
-    body = form_data(**{
-        "preemptible-rank": 250, "preemptible-default_for_kind": "training",
-        "standard-default_for_kind": "", "standard-may_preempt": [],
-    })
+    body = form_data(
+        **{
+            "preemptible-rank": 250,
+            "preemptible-default_for_kind": "training",
+            "standard-default_for_kind": "",
+            "standard-may_preempt": [],
+        }
+    )
     response = staff_client.post(reverse("console:rules"), {**body, "_save": "1"})
     assert response.status_code == 302, response.context["problems"]
     preemptible = PriorityClass.objects.get(name="preemptible")
@@ -152,7 +180,8 @@ def test_weights_and_half_life_are_saved_through_the_scheduler_and_audited(staff
     body = form_data(**{f"weight__{tenant.slug}": "3", "half_life_hours": "24"})
     response = staff_client.post(reverse("console:rules"), {**body, "_preview": "1"})
     assert [(c.what, c.field) for c in response.context["changes"]] == [
-        (f"tenant {tenant.slug}", "weight"), ("fair share", "half_life_s")
+        (f"tenant {tenant.slug}", "weight"),
+        ("fair share", "half_life_s"),
     ]
     response = staff_client.post(reverse("console:rules"), {**body, "_save": "1"})
     assert response.status_code == 302

@@ -30,9 +30,15 @@ def recorded_jobs(now, tenants) -> None:
             tenant = tenants[i % 2]
             submitted = now - timedelta(minutes=110 - 5 * i)
             job = Job.objects.create(
-                tenant=tenant, kind="training", mode="dedicated", gpu_milli=1000, command=["true"],
-                priority=classes["preemptible" if tenant.slug == "alpha" else "standard"], max_runtime_s=3600,
-                state=JobState.SUCCEEDED, started_at=submitted + timedelta(minutes=1),
+                tenant=tenant,
+                kind="training",
+                mode="dedicated",
+                gpu_milli=1000,
+                command=["true"],
+                priority=classes["preemptible" if tenant.slug == "alpha" else "standard"],
+                max_runtime_s=3600,
+                state=JobState.SUCCEEDED,
+                started_at=submitted + timedelta(minutes=1),
                 finished_at=submitted + timedelta(minutes=21),
             )
             Job.objects.filter(pk=job.pk).update(submitted_at=submitted)
@@ -50,8 +56,9 @@ def test_a_large_preview_is_computed_by_the_worker_and_polled(transactional_db, 
     client.force_login(operator)
     monkeypatch.setattr(replay, "INLINE_REPLAY_JOBS", 5)  # twelve submissions: too many to replay inline
 
-    response = client.post(reverse("console:rules"), {**form_data(**{"preemptible-rank": 250}), "hours": "3",
-                                                     "_preview": "1"})
+    response = client.post(
+        reverse("console:rules"), {**form_data(**{"preemptible-rank": 250}), "hours": "3", "_preview": "1"}
+    )
     run = response.context["run"]
     assert run is not None and response.context["comparison"] is None
     html = response.content.decode()

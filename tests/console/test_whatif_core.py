@@ -21,8 +21,15 @@ def rules(**ranks) -> whatif.Rules:
 
 def job(job_id, tenant, cls, at_min, run_min, *, count=1, share=None, model=""):
     return whatif.HistoryJob(
-        job_id=job_id, tenant=tenant, priority=cls, submitted_ms=at_min * M, run_ms=run_min * M,
-        shared=share is not None, count=count, share_milli=share or placement.WHOLE, gpu_model=model,
+        job_id=job_id,
+        tenant=tenant,
+        priority=cls,
+        submitted_ms=at_min * M,
+        run_ms=run_min * M,
+        shared=share is not None,
+        count=count,
+        share_milli=share or placement.WHOLE,
+        gpu_model=model,
     )
 
 
@@ -90,6 +97,7 @@ def test_a_heavier_fair_share_weight_gets_its_tenant_more_of_a_contended_fleet()
     rows = {(r.group, r.name): r for r in result.rows}
     assert rows[("tenant", "a")].after.mean_wait_s < rows[("tenant", "a")].before.mean_wait_s
     assert rows[("tenant", "b")].after.mean_wait_s > rows[("tenant", "b")].before.mean_wait_s
+
     # In the first half of the replay, equal weights share the GPU; a 3:1 weight gives a clearly more.
     def a_starts_in_first_half(replay) -> int:
         first_half = sorted(replay.outcomes.values(), key=lambda o: o.start_ms)[:12]

@@ -90,7 +90,10 @@ def run_real_scheduler(history: list[Submission], *, start: datetime, tenants: d
                 job = Job.objects.select_related("node").get(pk=jobs[i].pk)
                 if job.attempt == attempt and job.state in (JobState.SCHEDULED, JobState.RUNNING):
                     scheduler_services.job_exited(
-                        node=job.node, job_id=job.pk, attempt=attempt, exit_code=0 if kind == FINISH else -15,
+                        node=job.node,
+                        job_id=job.pk,
+                        attempt=attempt,
+                        exit_code=0 if kind == FINISH else -15,
                         at_ms=now,
                     )
             scheduler_services.schedule_pass()
@@ -198,8 +201,10 @@ def test_whatif_history_reads_runtime_or_max_runtime(db, rules):
         Job.objects.filter(pk=history[1].job_id).update(finished_at=None, started_at=None, state=JobState.QUEUED)
     history = replay.history_between(start=T0, end=T0 + timedelta(hours=1))
     assert history[1].run_ms == 3600 * 1000 and history[1].tenant == "bravo" and not history[1].shared
-    assert isinstance(whatif.simulate(history=history, nodes=replay.fleet_now(), rules=replay.whatif_rules(
-        replay.ruleset_current())), whatif.Replay)
+    assert isinstance(
+        whatif.simulate(history=history, nodes=replay.fleet_now(), rules=replay.whatif_rules(replay.ruleset_current())),
+        whatif.Replay,
+    )
 
 
 # B runs long jobs in 'preemptible'; A's 'standard' jobs may preempt them (seeded rules: min runtime 60 s,
@@ -227,7 +232,8 @@ def test_preemptions_in_the_replay_match_the_real_scheduler(db, rules, operator)
             ClassDraft(**{**c.__dict__, "may_preempt": frozenset()}) if c.name == "standard" else c
             for c in current.classes
         ),
-        weights=current.weights, half_life_s=current.half_life_s,
+        weights=current.weights,
+        half_life_s=current.half_life_s,
     )
     comparison = replay.preview(proposed=no_preemption, hours=2, end=T0 + timedelta(hours=2))
     before = comparison.before.outcomes

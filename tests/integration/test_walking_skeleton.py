@@ -49,8 +49,9 @@ def test_job_runs_pinned_metered_and_charged(platform, agent_factory):
     assert len(job["gpu_uuids"]) == 1 and job["gpu_uuids"][0].startswith("GPU-")
 
     logs = wait_for(
-        lambda: (body := session.get(f"{platform.url}/api/v1/jobs/{job['id']}/logs/", timeout=10).json())["data"]
-        and body,
+        lambda: (
+            (body := session.get(f"{platform.url}/api/v1/jobs/{job['id']}/logs/", timeout=10).json())["data"] and body
+        ),
         what="the job's log",
     )
     assert f"visible={job['gpu_uuids'][0]}" in logs["data"]

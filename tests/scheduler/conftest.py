@@ -24,9 +24,11 @@ def submit(tenant, *, gpus=1, kind=None, priority="", max_runtime_s=None, **spec
     milli = int(round(gpus * 1000))
     kind = kind or ("training" if milli % 1000 == 0 else "inference")
     job = job_submit(
-        tenant=tenant, user=None,
-        spec=JobSpec(kind=kind, gpu_milli=milli, command=["true"], priority=priority, max_runtime_s=max_runtime_s,
-                     **spec),
+        tenant=tenant,
+        user=None,
+        spec=JobSpec(
+            kind=kind, gpu_milli=milli, command=["true"], priority=priority, max_runtime_s=max_runtime_s, **spec
+        ),
     )
     return job
 

@@ -24,18 +24,55 @@ def fleet(*specs) -> list[NodeSlot]:
 
 
 def ded(job_id: int, count: int = 1, *, tenant: str = "a", rank: int = 200, at: int = 0, **kw) -> Request:
-    return Request(job_id=job_id, tenant=tenant, rank=rank, submitted_ms=at or job_id, shared=False, count=count,
-                   priority=kw.pop("priority", "standard"), **kw)
+    return Request(
+        job_id=job_id,
+        tenant=tenant,
+        rank=rank,
+        submitted_ms=at or job_id,
+        shared=False,
+        count=count,
+        priority=kw.pop("priority", "standard"),
+        **kw,
+    )
 
 
 def shr(job_id: int, milli: int = 250, *, tenant: str = "a", rank: int = 300, at: int = 0, **kw) -> Request:
-    return Request(job_id=job_id, tenant=tenant, rank=rank, submitted_ms=at or job_id, shared=True,
-                   share_milli=milli, priority=kw.pop("priority", "serving"), **kw)
+    return Request(
+        job_id=job_id,
+        tenant=tenant,
+        rank=rank,
+        submitted_ms=at or job_id,
+        shared=True,
+        share_milli=milli,
+        priority=kw.pop("priority", "serving"),
+        **kw,
+    )
 
 
-def running(job_id: int, node: str, gpus: list[int], *, share: int = 1000, tenant: str = "z", rank: int = 100,
-            started: int = 0, end: float = 10_000_000, priority: str = "preemptible", preemptible: bool = True,
-            **kw) -> Running:
-    return Running(job_id=job_id, tenant=tenant, rank=rank, node=node,
-                   gpu_uuids=tuple(f"{node}-g{i}" for i in gpus), share_milli=share, started_ms=started,
-                   end_ms=end, priority=priority, preemptible=preemptible, **kw)
+def running(
+    job_id: int,
+    node: str,
+    gpus: list[int],
+    *,
+    share: int = 1000,
+    tenant: str = "z",
+    rank: int = 100,
+    started: int = 0,
+    end: float = 10_000_000,
+    priority: str = "preemptible",
+    preemptible: bool = True,
+    **kw,
+) -> Running:
+    return Running(
+        job_id=job_id,
+        tenant=tenant,
+        rank=rank,
+        node=node,
+        gpu_uuids=tuple(f"{node}-g{i}" for i in gpus),
+        share_milli=share,
+        started_ms=started,
+        end_ms=end,
+        priority=priority,
+        preemptible=preemptible,
+        **kw,
+    )

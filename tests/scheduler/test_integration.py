@@ -45,8 +45,9 @@ def job(job_id: int) -> Job:
 
 
 def wait_state(job_id: int, *states: str, timeout: float = 60) -> Job:
-    return wait_for(lambda: (j := job(job_id)).state in states and j, timeout=timeout,
-                    what=f"job {job_id} to reach {states}")
+    return wait_for(
+        lambda: (j := job(job_id)).state in states and j, timeout=timeout, what=f"job {job_id} to reach {states}"
+    )
 
 
 def gpus_of(job_id: int) -> list[str]:
@@ -65,8 +66,12 @@ def test_higher_class_starts_first_and_pending_reason_is_visible(platform, agent
     low = submit(platform, session, priority="preemptible")
     high = submit(platform, session, priority="standard")
     body = wait_for(
-        lambda: (b := session.get(f"{platform.url}/api/v1/jobs/{low}/", timeout=10).json())["pending_reason"]
-        .startswith("waiting for 1 free") and b,
+        lambda: (
+            (b := session.get(f"{platform.url}/api/v1/jobs/{low}/", timeout=10).json())["pending_reason"].startswith(
+                "waiting for 1 free"
+            )
+            and b
+        ),
         what="the pending reason of the low job",
     )
     assert body["state"] == "queued" and body["estimated_start"] is not None
@@ -120,8 +125,10 @@ def test_backfill_starts_only_what_does_not_delay_the_head(platform, agent_facto
     long = submit(platform, session, command=sleeper(1), max_runtime_seconds=3600)
     short = submit(platform, session, command=sleeper(1), max_runtime_seconds=20)
     wait_state(short, JobState.SUCCEEDED)
-    reason = wait_for(lambda: job(long).pending_reason.startswith("would delay") and job(long).pending_reason,
-                      what="the long job's pending reason")
+    reason = wait_for(
+        lambda: job(long).pending_reason.startswith("would delay") and job(long).pending_reason,
+        what="the long job's pending reason",
+    )
     assert reason == f"would delay job {head}, ahead in the queue, which has the free GPUs reserved (backfill)"
     assert job(long).state == JobState.QUEUED
     head_done = wait_state(head, JobState.SUCCEEDED)
@@ -144,11 +151,15 @@ TERM_AWARE = (
 
 def test_preemption_with_grace_requeue_and_billing(platform, agent_factory):
     agent_factory("node-1", gpus="sim:1xH100-80GB")
-    priority_class_update(actor=None, priority_class=PriorityClass.objects.get(name="preemptible"),
-                          changes={"min_runtime_s": 0, "grace_period_s": 5})
+    priority_class_update(
+        actor=None,
+        priority_class=PriorityClass.objects.get(name="preemptible"),
+        changes={"min_runtime_s": 0, "grace_period_s": 5},
+    )
     batch_tenant, prod_tenant = TenantFactory(slug="batch"), TenantFactory(slug="prod")
-    low = submit(platform, platform.session_for(batch_tenant), priority="preemptible",
-                 command=[sys.executable, "-c", TERM_AWARE])
+    low = submit(
+        platform, platform.session_for(batch_tenant), priority="preemptible", command=[sys.executable, "-c", TERM_AWARE]
+    )
     wait_state(low, JobState.RUNNING)
     wait_for(lambda: has_windows(low), what="a usage window of the low job")
     high = submit(platform, platform.session_for(prod_tenant), priority="standard", command=sleeper(1))
@@ -185,8 +196,10 @@ def test_fair_share_between_weights_1_and_3(platform, agent_factory):
     cut = last_heavy.started_at
     with scopes_disabled():
         started = Job.objects.filter(started_at__lte=cut, tenant__in=[light, heavy])
-        gpu_s = {t: sum((min(j.finished_at or cut, cut) - j.started_at).total_seconds()
-                        for j in started.filter(tenant=t)) for t in (light, heavy)}
+        gpu_s = {
+            t: sum((min(j.finished_at or cut, cut) - j.started_at).total_seconds() for j in started.filter(tenant=t))
+            for t in (light, heavy)
+        }
         counts = {t: started.filter(tenant=t).count() for t in (light, heavy)}
     share = gpu_s[light] / (gpu_s[light] + gpu_s[heavy])
     print(f"fair share measured: light {share:.3f} heavy {1 - share:.3f} (jobs started {counts})")
@@ -212,9 +225,13 @@ def test_concurrent_passes_never_double_place(transactional_db, rules, monkeypat
             barrier.wait()
             for i in range(6):
                 shared = (worker + i) % 2
-                job_submit(tenant=tenant, user=None, spec=JobSpec(
-                    kind="inference" if shared else "training", gpu_milli=500 if shared else 1000, command=["true"]
-                ))
+                job_submit(
+                    tenant=tenant,
+                    user=None,
+                    spec=JobSpec(
+                        kind="inference" if shared else "training", gpu_milli=500 if shared else 1000, command=["true"]
+                    ),
+                )
                 schedule_pass()
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

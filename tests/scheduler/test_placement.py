@@ -63,13 +63,16 @@ def test_dedicated_never_lands_on_a_gpu_holding_a_slice():
 
 def test_model_and_memory_constraints_and_their_reasons():
     nodes = [node("h", 2), node("l", 2, L4)]
-    result = plan(nodes, [
-        ded(1, 1, gpu_model="L4-24GB"),
-        shr(2, 500, gpu_memory_mb=20000, gpu_model="L4-24GB"),
-        ded(3, 1, gpu_model="A100"),
-        ded(4, 4, gpu_model="H100-80GB"),
-        shr(5, 125, gpu_memory_mb=90000),
-    ])
+    result = plan(
+        nodes,
+        [
+            ded(1, 1, gpu_model="L4-24GB"),
+            shr(2, 500, gpu_memory_mb=20000, gpu_model="L4-24GB"),
+            ded(3, 1, gpu_model="A100"),
+            ded(4, 4, gpu_model="H100-80GB"),
+            shr(5, 125, gpu_memory_mb=90000),
+        ],
+    )
     assert where(result)[1][0] == "l" and where(result)[2][0] == "l"
     assert where(result)[1][1] != where(result)[2][1]  # 20 GB of a 24 GB card leaves no room to share it
     assert result.pending[3] == "no schedulable A100 GPU in the fleet"
@@ -96,8 +99,12 @@ def test_unschedulable_nodes_and_unhealthy_gpus_are_skipped():
 def test_tenant_limits_hold_jobs_with_a_reason_naming_the_limit():
     policy = Policy(limits={"a": Limits(dedicated_gpus=3, shared_milli=500)})
     busy = [running(90, "n1", [0], tenant="a", rank=200, priority="standard", preemptible=False)]
-    result = plan(fleet("n1", "n2"), [ded(1, 2), ded(2, 1), shr(3, 500), shr(4, 125), ded(5, 1, tenant="b")],
-                  running=busy, policy=policy)
+    result = plan(
+        fleet("n1", "n2"),
+        [ded(1, 2), ded(2, 1), shr(3, 500), shr(4, 125), ded(5, 1, tenant="b")],
+        running=busy,
+        policy=policy,
+    )
     assert set(where(result)) == {1, 3, 5}
     assert result.pending[2] == "tenant limit: at most 3 dedicated GPUs at once (3 in use)"
     assert result.pending[4] == "tenant limit: at most 0.5 GPU in shared slices at once (0.5 in use)"
@@ -111,8 +118,9 @@ def test_higher_class_goes_first():
 
 def test_fair_share_interleaves_tenants_by_weight_within_a_pass():
     policy = Policy(weights={"a": 1, "b": 3})
-    queue = [ded(i, 1, tenant="a", at=i) for i in range(1, 41)] + [ded(100 + i, 1, tenant="b", at=50 + i)
-                                                                   for i in range(40)]
+    queue = [ded(i, 1, tenant="a", at=i) for i in range(1, 41)] + [
+        ded(100 + i, 1, tenant="b", at=50 + i) for i in range(40)
+    ]
     result = plan(fleet("n1", "n2"), queue, policy=policy)
     tenants = ["a" if p.job_id < 100 else "b" for p in result.placements]
     assert tenants.count("a") == 4 and tenants.count("b") == 12

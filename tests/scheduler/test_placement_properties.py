@@ -35,7 +35,10 @@ def fleets(draw) -> list[NodeSlot]:
         name = f"n{n}"
         gpus = [
             GpuSlot(
-                uuid=f"{name}-g{i}", node=name, model=model, memory_mb=memory,
+                uuid=f"{name}-g{i}",
+                node=name,
+                model=model,
+                memory_mb=memory,
                 reservation=draw(st.sampled_from(["any", "any", "any", "dedicated_only", "shared_only"])),
                 healthy=bool(i) or draw(st.sampled_from([True, True, False])),
             )
@@ -51,26 +54,33 @@ def requests(draw, first_id: int = 1, max_size: int = 40) -> list[Request]:
     for i in range(draw(st.integers(0, max_size))):
         shared = draw(st.booleans())
         rank = draw(st.sampled_from([100, 200, 300]))
-        out.append(Request(
-            job_id=first_id + i,
-            tenant=draw(st.sampled_from("abc")),
-            rank=rank,
-            priority=CLASS_OF_RANK[rank],
-            submitted_ms=draw(st.integers(0, 1000)),
-            shared=shared,
-            count=1 if shared else draw(st.integers(1, 8)),
-            share_milli=draw(st.one_of(st.sampled_from([125, 250, 500]), st.integers(1, 1000))) if shared else WHOLE,
-            gpu_model=draw(st.sampled_from(["", "", "", "H100-80GB", "L4-24GB"])),
-            gpu_memory_mb=draw(st.sampled_from([0, 0, 0, 8000, 30000])),
-            max_runtime_ms=draw(st.sampled_from([0, 10_000, 1_000_000])),
-        ))
+        out.append(
+            Request(
+                job_id=first_id + i,
+                tenant=draw(st.sampled_from("abc")),
+                rank=rank,
+                priority=CLASS_OF_RANK[rank],
+                submitted_ms=draw(st.integers(0, 1000)),
+                shared=shared,
+                count=1 if shared else draw(st.integers(1, 8)),
+                share_milli=draw(st.one_of(st.sampled_from([125, 250, 500]), st.integers(1, 1000)))
+                if shared
+                else WHOLE,
+                gpu_model=draw(st.sampled_from(["", "", "", "H100-80GB", "L4-24GB"])),
+                gpu_memory_mb=draw(st.sampled_from([0, 0, 0, 8000, 30000])),
+                max_runtime_ms=draw(st.sampled_from([0, 10_000, 1_000_000])),
+            )
+        )
     return out
 
 
 limits_strategy = st.dictionaries(
     st.sampled_from("abc"),
-    st.builds(Limits, dedicated_gpus=st.one_of(st.none(), st.integers(0, 10)),
-              shared_milli=st.one_of(st.none(), st.integers(0, 2000))),
+    st.builds(
+        Limits,
+        dedicated_gpus=st.one_of(st.none(), st.integers(0, 10)),
+        shared_milli=st.one_of(st.none(), st.integers(0, 2000)),
+    ),
 )
 
 
@@ -80,10 +90,18 @@ def running_from(nodes: list[NodeSlot], initial: list[Request], now_ms: int, sto
     by_id = {r.job_id: r for r in initial}
     return [
         Running(
-            job_id=p.job_id, tenant=by_id[p.job_id].tenant, rank=by_id[p.job_id].rank, node=p.node,
-            gpu_uuids=p.gpu_uuids, share_milli=p.share_milli, started_ms=0, end_ms=50_000 + p.job_id * 1000,
-            priority=by_id[p.job_id].priority, preemptible=by_id[p.job_id].rank == 100,
-            min_runtime_ms=60_000 if p.job_id % 3 == 0 else 0, stopping=p.job_id in stopping,
+            job_id=p.job_id,
+            tenant=by_id[p.job_id].tenant,
+            rank=by_id[p.job_id].rank,
+            node=p.node,
+            gpu_uuids=p.gpu_uuids,
+            share_milli=p.share_milli,
+            started_ms=0,
+            end_ms=50_000 + p.job_id * 1000,
+            priority=by_id[p.job_id].priority,
+            preemptible=by_id[p.job_id].rank == 100,
+            min_runtime_ms=60_000 if p.job_id % 3 == 0 else 0,
+            stopping=p.job_id in stopping,
             gpu_memory_mb=by_id[p.job_id].gpu_memory_mb if by_id[p.job_id].shared else 0,
         )
         for p in decided.placements
@@ -151,8 +169,9 @@ def check_invariants(nodes, running, queue, result, policy):
 def test_plans_never_break_the_invariants(nodes, initial, queue, limits, backfill, data):
     stopping = set(data.draw(st.sets(st.sampled_from([r.job_id for r in initial] or [0]))))
     running = running_from(nodes, initial, 0, stopping)
-    policy = Policy(now_ms=100_000, limits=limits, may_preempt=PREEMPT, backfill=backfill,
-                    weights={"a": 1, "b": 2, "c": 3})
+    policy = Policy(
+        now_ms=100_000, limits=limits, may_preempt=PREEMPT, backfill=backfill, weights={"a": 1, "b": 2, "c": 3}
+    )
     result = plan(copy.deepcopy(nodes), queue, running=running, policy=policy)
     check_invariants(nodes, running, queue, result, policy)
 
@@ -173,8 +192,11 @@ def test_a_higher_class_is_never_held_back_by_a_lower_one(nodes, initial, queue,
 
 def simulate_shares(weights: dict[str, float], *, gpus: int, job_ms: int, steps: int, half_life_ms: int) -> dict:
     """Both tenants always have work queued; jobs of one GPU run ``job_ms``; measure GPU time per tenant."""
-    nodes = [NodeSlot(name="n", gpus=[GpuSlot(uuid=f"g{i}", node="n", model="H100-80GB", memory_mb=81920)
-                                      for i in range(gpus)])]
+    nodes = [
+        NodeSlot(
+            name="n", gpus=[GpuSlot(uuid=f"g{i}", node="n", model="H100-80GB", memory_mb=81920) for i in range(gpus)]
+        )
+    ]
     usage = dict.fromkeys(weights, 0.0)
     running: list[Running] = []
     got = dict.fromkeys(weights, 0)
@@ -193,8 +215,18 @@ def simulate_shares(weights: dict[str, float], *, gpus: int, job_ms: int, steps:
         by_id = {r.job_id: r for r in queue}
         for p in result.placements:
             length = job_ms + (p.job_id % 5) * tick // 2  # uneven lengths: ends do not all coincide
-            running.append(Running(job_id=p.job_id, tenant=by_id[p.job_id].tenant, rank=200, node="n",
-                                   gpu_uuids=p.gpu_uuids, share_milli=WHOLE, started_ms=now, end_ms=now + length))
+            running.append(
+                Running(
+                    job_id=p.job_id,
+                    tenant=by_id[p.job_id].tenant,
+                    rank=200,
+                    node="n",
+                    gpu_uuids=p.gpu_uuids,
+                    share_milli=WHOLE,
+                    started_ms=now,
+                    end_ms=now + length,
+                )
+            )
         for tenant in weights:
             held = sum(r.milli for r in running if r.tenant == tenant)
             usage[tenant] = usage_accumulate(usage[tenant], milli=held, duration_ms=tick, half_life_ms=half_life_ms)

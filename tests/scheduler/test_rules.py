@@ -49,34 +49,62 @@ def refused():
 
 def test_invalid_rules_are_refused_with_the_rule_stated(sched, refused):
     serving, standard = klass("serving"), klass("standard")
-    refused(lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["standard"]}),
-            "cannot preempt itself", "may_preempt")
-    refused(lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["serving"]}),
-            "class serving is not preemptible", "may_preempt")
-    refused(lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["nope"]}),
-            "unknown class(es) nope", "may_preempt")
-    refused(lambda: priority_class_update(actor=None, priority_class=klass("preemptible"), changes={"rank": 250}),
-            "preempts preemptible, so preemptible's rank must stay below 200", "rank")
-    refused(lambda: priority_class_update(actor=None, priority_class=serving, changes={"default_for_kind": ""}),
-            "inference jobs would have no default priority class", "default_for_kind")
-    refused(lambda: priority_class_update(actor=None, priority_class=serving, changes={"grace_period_s": -1}),
-            "grace_period_s must be from 0", "grace_period_s")
-    refused(lambda: priority_class_update(actor=None, priority_class=serving, changes={"price_multiplier": "0"}),
-            "price_multiplier must be above 0", "price_multiplier")
-    refused(lambda: priority_class_update(actor=None, priority_class=serving, changes={"colour": "red"}),
-            "unknown priority class field(s): colour", "colour")
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["standard"]}),
+        "cannot preempt itself",
+        "may_preempt",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["serving"]}),
+        "class serving is not preemptible",
+        "may_preempt",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=standard, changes={"may_preempt": ["nope"]}),
+        "unknown class(es) nope",
+        "may_preempt",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=klass("preemptible"), changes={"rank": 250}),
+        "preempts preemptible, so preemptible's rank must stay below 200",
+        "rank",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=serving, changes={"default_for_kind": ""}),
+        "inference jobs would have no default priority class",
+        "default_for_kind",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=serving, changes={"grace_period_s": -1}),
+        "grace_period_s must be from 0",
+        "grace_period_s",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=serving, changes={"price_multiplier": "0"}),
+        "price_multiplier must be above 0",
+        "price_multiplier",
+    )
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=serving, changes={"colour": "red"}),
+        "unknown priority class field(s): colour",
+        "colour",
+    )
     refused(lambda: priority_class_create(actor=None, name="Bad Name", rank=1), "short slug", "name")
     refused(lambda: tenant_weight_set(actor=None, tenant=None, weight="0"), "weight must be from 0.001", "weight")
-    refused(lambda: scheduler_settings_update(actor=None, fair_share_half_life_s=0), "at least 1",
-            "fair_share_half_life_s")
+    refused(
+        lambda: scheduler_settings_update(actor=None, fair_share_half_life_s=0), "at least 1", "fair_share_half_life_s"
+    )
 
 
 def test_preemption_cycles_are_refused(sched, refused):
     priority_class_create(actor=None, name="low", rank=50, preemptible=True)
     priority_class_create(actor=None, name="mid", rank=60, preemptible=True, may_preempt=["low"])
     # low may not preempt mid (mid has the higher rank) - and a direct cycle is caught as such too.
-    refused(lambda: priority_class_update(actor=None, priority_class=klass("low"), changes={"may_preempt": ["mid"]}),
-            "may only preempt lower-ranked classes", "may_preempt")
+    refused(
+        lambda: priority_class_update(actor=None, priority_class=klass("low"), changes={"may_preempt": ["mid"]}),
+        "may only preempt lower-ranked classes",
+        "may_preempt",
+    )
 
 
 def test_changes_are_audited(sched, tenant):

@@ -30,20 +30,29 @@ def synthetic_day(jobs: int, seed: int) -> list[whatif.HistoryJob]:
     history = []
     for i in range(jobs):
         shared = rnd.random() < 0.7
-        history.append(whatif.HistoryJob(
-            job_id=i, tenant=f"t{rnd.randrange(20)}", priority=rnd.choice(["serving", "standard", "preemptible"]),
-            submitted_ms=rnd.randrange(24 * 60) * MIN, run_ms=rnd.randrange(5, 240) * MIN, shared=shared,
-            count=1 if shared else rnd.choice([1, 1, 2, 4, 8]),
-            share_milli=rnd.choice([125, 250, 500]) if shared else 1000, max_runtime_ms=4 * 60 * MIN,
-        ))
+        history.append(
+            whatif.HistoryJob(
+                job_id=i,
+                tenant=f"t{rnd.randrange(20)}",
+                priority=rnd.choice(["serving", "standard", "preemptible"]),
+                submitted_ms=rnd.randrange(24 * 60) * MIN,
+                run_ms=rnd.randrange(5, 240) * MIN,
+                shared=shared,
+                count=1 if shared else rnd.choice([1, 1, 2, 4, 8]),
+                share_milli=rnd.choice([125, 250, 500]) if shared else 1000,
+                max_runtime_ms=4 * 60 * MIN,
+            )
+        )
     return history
 
 
-RULES = whatif.Rules(classes={
-    "serving": whatif.ClassRule("serving", 300, may_preempt=frozenset({"preemptible"})),
-    "standard": whatif.ClassRule("standard", 200, may_preempt=frozenset({"preemptible"})),
-    "preemptible": whatif.ClassRule("preemptible", 100, preemptible=True, min_runtime_ms=60_000),
-})
+RULES = whatif.Rules(
+    classes={
+        "serving": whatif.ClassRule("serving", 300, may_preempt=frozenset({"preemptible"})),
+        "standard": whatif.ClassRule("standard", 200, may_preempt=frozenset({"preemptible"})),
+        "preemptible": whatif.ClassRule("preemptible", 100, preemptible=True, min_runtime_ms=60_000),
+    }
+)
 
 
 class Command(BaseCommand):
