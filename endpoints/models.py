@@ -55,6 +55,11 @@ class Endpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
 
+    @property
+    def gateway_path(self) -> str:
+        """Where the gateway serves the endpoint (its routes in endpoints/gateway.py)."""
+        return f"/e/{self.tenant.slug}/{self.name}/"
+
 
 class Replica(models.Model):
     class State(models.TextChoices):

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import DecimalField, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
 from django_scopes import scopes_disabled
 
 from scheduler.models import JobState
@@ -75,7 +76,10 @@ def routing_table() -> dict[tuple[str, str], EndpointRoute]:
     return table
 
 
-def endpoint_cost(endpoint: Endpoint) -> tuple[Decimal, int]:
-    """Money and GPU-milliseconds of all the endpoint's replicas so far."""
-    totals = Replica.objects.filter(endpoint=endpoint).aggregate(cost=Sum("job__cost"), gpu_ms=Sum("job__gpu_ms"))
-    return totals["cost"] or Decimal(0), totals["gpu_ms"] or 0
+def with_totals(endpoints: QuerySet[Endpoint]) -> QuerySet[Endpoint]:
+    """``endpoints`` with ``cost_total`` (money) and ``gpu_ms_total`` of all their replicas so far,
+    in the same query however many endpoints there are."""
+    return endpoints.annotate(
+        cost_total=Coalesce(Sum("replicas__job__cost"), Value(Decimal(0)), output_field=DecimalField()),
+        gpu_ms_total=Coalesce(Sum("replicas__job__gpu_ms"), Value(0)),
+    )

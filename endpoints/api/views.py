@@ -15,6 +15,7 @@ from scheduler.services import JobError
 
 from .. import metrics, services
 from ..models import Endpoint, EndpointLoad, Replica
+from ..selectors import with_totals
 from .serializers import (
     EndpointSerializer,
     EndpointUpdateSerializer,
@@ -60,7 +61,7 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         endpoints = Endpoint.objects.filter(tenant=self.tenant, state=Endpoint.State.ACTIVE)
         if self.action == "list" and "name" in self.request.query_params:
             endpoints = endpoints.filter(name=self._name_param())
-        return endpoints.select_related("tenant").prefetch_related("replicas__job__node")
+        return with_totals(endpoints).select_related("tenant").prefetch_related("replicas__job__node")
 
     def _name_param(self) -> str:
         """``?name=``: an endpoint name is a slug, so anything else is a typo worth a 400, not an empty list."""

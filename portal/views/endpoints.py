@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Sum
 from django.http import HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 
 from endpoints import metrics
 from endpoints.models import Endpoint, Replica
+from endpoints.selectors import with_totals
 
 from ..tenancy import tenant_page
 from .common import page
@@ -23,19 +23,13 @@ def _endpoints(request):
 
 def invoke_url(endpoint: Endpoint) -> str:
     """Where clients send requests: the gateway's public address (GPUSHARE_GATEWAY_URL) and the endpoint's path."""
-    return f"{settings.GPUSHARE['GATEWAY_URL'].rstrip('/')}/e/{endpoint.tenant.slug}/{endpoint.name}/"
+    return settings.GPUSHARE["GATEWAY_URL"].rstrip("/") + endpoint.gateway_path
 
 
 @tenant_page
 def endpoint_list(request):
-    endpoints = list(_endpoints(request).select_related("tenant").prefetch_related("replicas"))
+    endpoints = list(with_totals(_endpoints(request)).select_related("tenant").prefetch_related("replicas"))
     traffic = metrics.recent_traffic(endpoints)
-    costs = dict(
-        Replica.objects.filter(endpoint__in=endpoints)
-        .values("endpoint_id")
-        .annotate(cost=Sum("job__cost"))
-        .values_list("endpoint_id", "cost")
-    )
     rows = []
     for e in endpoints:
         replicas = [r for r in e.replicas.all() if r.state != Replica.State.STOPPED]
@@ -46,7 +40,7 @@ def endpoint_list(request):
                 "live": len(replicas),
                 "ready": sum(1 for r in replicas if r.state == Replica.State.READY),
                 "traffic": traffic[e.pk],
-                "cost": costs.get(e.pk) or 0,
+                "cost": e.cost_total,
             }
         )
     return page(request, "portal/endpoints_list.html", {"rows": rows})
