@@ -8,6 +8,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 from rest_framework import authentication, exceptions
 
+from . import principal_cache
 from .models import ApiToken, Membership
 from .services import token_hash
 
@@ -33,24 +34,50 @@ def token_principal(plaintext: str) -> tuple:
 
     The one check every entry point uses (REST API, endpoint gateway): known,
     not revoked, not expired, active user still a member; records last use.
+    A verified principal is reused from :mod:`accounts.principal_cache` while
+    the token's version in Redis is unchanged (revocation, member removal or
+    role change, user deactivation and tenant changes bump it; expiry is
+    checked here on every request).
     """
+    digest = token_hash(plaintext)
+    entry, version = principal_cache.lookup(digest)
+    now = timezone.now()
+    if entry is not None:
+        token = entry.principal.token
+        if token.expires_at is not None and token.expires_at <= now:
+            principal_cache.forget(digest)
+            raise TokenRejected("This API token has expired.")
+        _last_used_record(token, now)
+        return entry.user, entry.principal
+    user, principal = _token_check(digest, now)
+    if version is not None:
+        principal_cache.store(digest, user=user, principal=principal, version=version)
+    return user, principal
+
+
+def _last_used_record(token: ApiToken, now) -> None:
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        with scopes_disabled():
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+
+
+def _token_check(digest: str, now) -> tuple:
     with scopes_disabled():
-        token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=token_hash(plaintext)).first()
+        token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=digest).first()
         if token is None:
             raise TokenRejected("Unknown API token.")
         if token.revoked_at is not None:
             raise TokenRejected("This API token has been revoked.")
-        now = timezone.now()
         if token.expires_at is not None and token.expires_at <= now:
             raise TokenRejected("This API token has expired.")
         if not token.user.is_active:
             raise TokenRejected("The user this token belongs to is inactive.")
-        membership = Membership.objects.filter(tenant=token.tenant, user=token.user).first()
-        if membership is None:
+        role = Membership.objects.filter(tenant=token.tenant, user=token.user).values_list("role", flat=True).first()
+        if role is None:
             raise TokenRejected("The token's user is no longer a member of its tenant.")
-        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user, TokenPrincipal(token, membership.role)
+        _last_used_record(token, now)
+    return token.user, TokenPrincipal(token, role)
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

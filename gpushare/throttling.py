@@ -6,10 +6,45 @@ Kept apart from gpushare/api.py because DRF imports throttle classes while
 
 from __future__ import annotations
 
+import logging
+from functools import lru_cache
+
+import redis
+from django.conf import settings
 from rest_framework import throttling
 from rest_framework.settings import api_settings
 
 from accounts.authentication import TokenPrincipal
+
+log = logging.getLogger(__name__)
+
+# GCRA (the generic cell rate algorithm) in one atomic round trip: one key per client holding its
+# "theoretical arrival time"; N requests may come at once, then one per duration/N. Redis's own
+# clock, so every web process agrees. Returns 0 (allowed) or the milliseconds to wait.
+GCRA = """
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+if tat - now > burst then return tat - now - burst end
+redis.call('SET', KEYS[1], tat + interval, 'PX', tat + interval - now + 1000)
+return 0
+"""
+
+
+@lru_cache(maxsize=4)
+def _gcra_script(location: str):
+    return redis.Redis.from_url(location, socket_timeout=1, socket_connect_timeout=1).register_script(GCRA)
+
+
+def _redis_location() -> str | None:
+    cache = settings.CACHES.get("default", {})
+    if cache.get("BACKEND", "").endswith("RedisCache"):
+        location = cache.get("LOCATION")
+        return location[0] if isinstance(location, list | tuple) else location
+    return None
 
 
 def rate_text() -> str:
@@ -31,11 +66,29 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
     def allow_request(self, request, view):
+        """One Redis round trip (GCRA, above) when the cache is Redis; DRF's history list otherwise.
+
+        DRF's own throttle reads the client's whole request history (a pickled list of up to N
+        timestamps), trims it and writes it back: two round trips and O(N) work per request.
+        """
         self.rate = self.get_rate()
         if self.rate is None:
             return True
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        location = _redis_location()
+        if location is None:
+            return super().allow_request(request, view)
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        interval_ms = self.duration * 1000 / self.num_requests
+        try:
+            wait_ms = _gcra_script(location)(keys=[self.key], args=[interval_ms, interval_ms * (self.num_requests - 1)])
+        except redis.RedisError:
+            log.warning("rate limit: Redis did not answer; request allowed", exc_info=True)
+            return True
+        self._wait_s = float(wait_ms) / 1000
+        return not wait_ms
 
     def get_cache_key(self, request, view):
         principal = request.auth
@@ -49,4 +102,7 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
 
     def wait(self):
         # Whole seconds, at least 1: what Retry-After says.
-        return max(1, int(-(-(super().wait() or 1) // 1)))
+        seconds = getattr(self, "_wait_s", None)
+        if seconds is None:
+            seconds = super().wait() or 1
+        return max(1, int(-(-seconds // 1)))

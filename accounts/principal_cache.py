@@ -1,0 +1,165 @@
+"""A short-lived cache of verified API-token principals, invalidated on the very next request.
+
+Checking a token costs two queries (token with its tenant and user; the
+membership) on every request. This keeps the verified principal in the web
+process for up to ``TTL_S`` and, on every request, checks one **version key**
+per token in Redis (one ``GET``, ~0.1 ms). Whatever may change the outcome
+of a check bumps the version of every token it affects:
+
+- revoking a token, editing or deleting it;
+- removing a member or changing their role (their tokens in that tenant);
+- saving or deleting a user (deactivation, ``is_active=False``): all their tokens;
+- saving a tenant (suspension, reinstatement): all its tokens.
+
+The bumps are wired to the models' ``post_save`` / ``post_delete`` signals in
+:mod:`accounts.apps` (so the admin, the shell and every service are covered)
+and :func:`tokens_bump` is also called by services that write with
+``QuerySet.update()``, which sends no signal. A bump happens at once and again
+after the transaction commits. Expiry needs no bump: ``expires_at`` is checked
+against the clock on every hit.
+
+Why it is safe: the version is read **before** the database is, and stored
+with the principal built from that read; a change commits and then bumps, so
+a principal read before the commit carries a version older than the bump and
+is never reused after it. A missing key (never set, or Redis lost it) is set
+to a fresh random value before the database read, so a principal is never
+cached against "no version". Without Redis (the embedded demo), or when
+Redis does not answer, nothing is cached: every request reads the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+TTL_S = 30.0  # a principal is reused at most this long, whatever the versions say
+MAX_ENTRIES = 10_000
+KEY_PREFIX = "gpushare:auth:v:"
+KEY_TTL_S = 7 * 24 * 3600  # an idle token's version may be forgotten: it is then re-created, which misses
+
+
+@dataclass(frozen=True)
+class Entry:
+    user: object
+    principal: object
+    version: bytes
+    until: float  # time.monotonic() after which the entry is not used
+
+
+_entries: OrderedDict[str, Entry] = OrderedDict()
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _redis():
+    url = getattr(settings, "REDIS_URL", "")
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+
+def enabled() -> bool:
+    return _redis() is not None
+
+
+def _key(digest: str) -> str:
+    return KEY_PREFIX + digest
+
+
+def version_get(digest: str) -> bytes | None:
+    """The token's current version, created if missing; None when Redis does not answer (no caching)."""
+    client = _redis()
+    if client is None:
+        return None
+    try:
+        key = _key(digest)
+        value = client.get(key)
+        if value is None:
+            client.set(key, secrets.token_hex(8), nx=True, ex=KEY_TTL_S)
+            value = client.get(key)
+        return value
+    except redis.RedisError:
+        log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
+        return None
+
+
+def lookup(digest: str) -> tuple[Entry | None, bytes | None]:
+    """``(entry, version)``: the cached entry if it is still valid (``version`` is the current one,
+    read from Redis before any database read the caller makes on a miss)."""
+    version = version_get(digest)
+    if version is None:
+        return None, None
+    entry = _entries.get(digest)
+    if entry is not None and entry.version == version and entry.until > time.monotonic():
+        return entry, version
+    if entry is not None:
+        with _lock:
+            _entries.pop(digest, None)
+    return None, version
+
+
+def store(digest: str, *, user, principal, version: bytes) -> None:
+    with _lock:
+        _entries[digest] = Entry(user=user, principal=principal, version=version, until=time.monotonic() + TTL_S)
+        _entries.move_to_end(digest)
+        while len(_entries) > MAX_ENTRIES:
+            _entries.popitem(last=False)
+
+
+def forget(digest: str) -> None:
+    with _lock:
+        _entries.pop(digest, None)
+
+
+def clear() -> None:
+    """Drop this process's entries (tests)."""
+    with _lock:
+        _entries.clear()
+
+
+def _bump_now(digests: list[str]) -> None:
+    client = _redis()
+    if client is None or not digests:
+        return
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for digest in digests:
+                pipe.set(_key(digest), secrets.token_hex(8), ex=KEY_TTL_S)
+            pipe.execute()
+    except redis.RedisError:
+        # Other processes keep a stale principal for at most TTL_S.
+        log.error(
+            "auth cache: could not invalidate %d token(s); cached checks expire within %.0f s", len(digests), TTL_S
+        )
+
+
+def tokens_bump(digests) -> None:
+    """Invalidate the cached checks of these tokens (by hash) now and again after commit."""
+    digests = sorted(set(digests))
+    if not digests:
+        return
+    for digest in digests:
+        forget(digest)
+    _bump_now(digests)
+    transaction.on_commit(lambda: (_bump_now(digests), [forget(d) for d in digests]))
+
+
+def tokens_bump_where(**filters) -> None:
+    """Invalidate the cached checks of every token matching ``filters`` (``user_id=``, ``tenant_id=``...)."""
+    from django_scopes import scopes_disabled
+
+    from .models import ApiToken
+
+    with scopes_disabled():
+        tokens_bump(ApiToken.objects.filter(**filters).values_list("token_hash", flat=True))

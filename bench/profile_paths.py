@@ -1,0 +1,110 @@
+"""Profile the API's hot paths in one process: ``python -m bench.profile_paths``.
+
+Where the time of a submit, a job list page and a job detail goes, with
+pyinstrument (requirements-dev.txt), through the whole Django stack
+(middleware, DRF, authentication, throttle, serializers) on the database and
+Redis named by DATABASE_URL / REDIS_URL (a scratch database: it is migrated,
+and a tenant ``profile`` with queued and finished jobs is created in it).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpushare_scratch REDIS_URL=redis://127.0.0.1:6379/6 \\
+        python -m bench.profile_paths --n 300 --history 20000 [--html var/profile]
+
+Prints, per path, the mean wall time per request and pyinstrument's tree.
+docs/benchmarks.md quotes its output before and after the submit work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_paths")
+    parser.add_argument("--n", type=int, default=300, help="requests per path")
+    parser.add_argument("--history", type=int, default=20_000, help="finished jobs inserted first")
+    parser.add_argument("--queued", type=int, default=2_000, help="queued jobs inserted first")
+    parser.add_argument("--paths", default="submit,list,detail", help="comma-separated: submit, list, detail, array")
+    parser.add_argument("--html", help="also write pyinstrument HTML reports to this folder")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
+    os.environ.setdefault("GPUSHARE_API_RATE", "100000/s")
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        print("set DATABASE_URL to a scratch PostgreSQL database", file=sys.stderr)
+        return 2
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django_scopes import scopes_disabled
+    from pyinstrument import Profiler
+
+    from accounts.management.commands.seed_demo import prices_ensure, priority_classes_ensure
+    from accounts.models import Membership, Tenant
+    from accounts.services import ALL_SCOPES, tenant_create, token_create
+    from agents.models import Gpu, Node
+
+    from .fixtures import finished_jobs_create
+
+    settings.ALLOWED_HOSTS = ["*"]
+    call_command("migrate", "--noinput", verbosity=0)
+    with scopes_disabled():
+        priority_classes_ensure()
+        prices_ensure()
+        tenant = Tenant.objects.filter(slug="profile").first() or tenant_create(
+            slug="profile", name="Profile", owner_email="profile@bench.test", owner_password=None
+        )
+        user = Membership.objects.filter(tenant=tenant).first().user
+        token = token_create(tenant=tenant, user=user, name="profile", scopes=ALL_SCOPES).plaintext
+        node, _ = Node.objects.get_or_create(name="profile-node", defaults={"state": "cordoned"})
+        for i in range(2):
+            Gpu.objects.get_or_create(
+                node=node, index=i, defaults={"uuid": f"GPU-profile-{i}", "model": "H100-80GB", "memory_mb": 81559}
+            )
+    if args.history:
+        finished_jobs_create(tenant_id=tenant.pk, node_name="profile-node", count=args.history)
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"kind": "inference", "gpus": 0.125, "command": ["true"]}
+    for _ in range(args.queued):
+        client.post("/api/v1/jobs/", body, content_type="application/json")
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE scheduler_job")
+    job_id = client.get("/api/v1/jobs/?page_size=1").json()["results"][0]["id"]
+    paths = {
+        "submit": lambda: client.post("/api/v1/jobs/", body, content_type="application/json"),
+        "list": lambda: client.get("/api/v1/jobs/"),
+        "detail": lambda: client.get(f"/api/v1/jobs/{job_id}/"),
+        "array": lambda: client.post(
+            "/api/v1/jobs/", {**body, "array": {"count": 1000}}, content_type="application/json"
+        ),
+    }
+    for name in args.paths.split(","):
+        call = paths[name]
+        for _ in range(10):
+            call()  # warm up: imports, connections, caches
+        n = max(1, args.n // 50) if name == "array" else args.n
+        profiler = Profiler(interval=0.0005)
+        start = time.perf_counter()
+        with profiler:
+            for _ in range(n):
+                response = call()
+                if response.status_code >= 300:
+                    print(f"{name}: {response.status_code} {response.content[:300]!r}", file=sys.stderr)
+                    return 1
+        elapsed = time.perf_counter() - start
+        print(f"\n=== {name}: {n} requests, {elapsed / n * 1000:.2f} ms each ===")
+        print(profiler.output_text(unicode=False, color=False, show_all=False, short_mode=True))
+        if args.html:
+            Path(args.html).mkdir(parents=True, exist_ok=True)
+            (Path(args.html) / f"{name}.html").write_text(profiler.output_html())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

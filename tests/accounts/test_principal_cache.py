@@ -1,0 +1,164 @@
+"""The cached token check (accounts.principal_cache): reused while nothing changed, refused on the
+very next request once the token is revoked or expired, its user removed, demoted or deactivated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django_scopes import scopes_disabled
+from rest_framework.test import APIClient
+
+from accounts import principal_cache
+from accounts.models import ApiToken, Membership, Role
+from accounts.services import member_remove, token_create, token_hash, token_revoke
+from tests.factories import member_add
+from tests.processes import ROOT, process_env
+
+pytestmark = pytest.mark.skipif(not principal_cache.enabled(), reason="the principal cache needs Redis")
+
+
+def client_with(plaintext: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return client
+
+
+def auth_queries(queries) -> list[str]:
+    return [q["sql"] for q in queries if "accounts_apitoken" in q["sql"] or "accounts_membership" in q["sql"]]
+
+
+@pytest.fixture
+def issued(db, tenant):
+    principal_cache.clear()
+    return token_create(tenant=tenant, user=member_add(tenant, role=Role.ADMIN), name="ci")
+
+
+def warm(client) -> None:
+    assert client.get("/api/v1/jobs/").status_code == 200
+    assert client.get("/api/v1/jobs/").status_code == 200
+
+
+def assert_refused(client, words: str) -> None:
+    response = client.get("/api/v1/jobs/")
+    assert response.status_code == 401, response.content
+    assert words in response.json()["error"]["message"]
+
+
+def test_a_warm_check_reads_no_token_or_membership_row(issued):
+    client = client_with(issued.plaintext)
+    warm(client)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/jobs/").status_code == 200
+    assert auth_queries(queries.captured_queries) == []
+    assert token_hash(issued.plaintext) in principal_cache._entries
+
+
+def test_revoked_token_is_refused_on_the_next_request(issued):
+    client = client_with(issued.plaintext)
+    warm(client)
+    token_revoke(token=issued.token, actor=None)
+    assert_refused(client, "revoked")
+
+
+def test_token_revoked_with_a_bare_update_and_a_bump(issued):
+    """Code that writes with QuerySet.update() (no signal) calls tokens_bump; then it holds too."""
+    client = client_with(issued.plaintext)
+    warm(client)
+    with scopes_disabled():
+        ApiToken.objects.filter(pk=issued.token.pk).update(revoked_at=timezone.now())
+    principal_cache.tokens_bump_where(pk=issued.token.pk)
+    assert_refused(client, "revoked")
+
+
+def test_expired_token_is_refused_on_the_next_request(db, tenant, monkeypatch):
+    principal_cache.clear()
+    issued = token_create(tenant=tenant, user=member_add(tenant), name="short", expires_days=1)
+    client = client_with(issued.plaintext)
+    warm(client)
+    later = timezone.now() + timedelta(days=1, seconds=1)
+    monkeypatch.setattr("accounts.authentication.timezone.now", lambda: later)
+    assert_refused(client, "expired")
+
+
+def test_removed_member_is_refused_on_the_next_request(issued, tenant):
+    client = client_with(issued.plaintext)
+    warm(client)
+    with scopes_disabled():
+        membership = Membership.objects.get(tenant=tenant, user=issued.token.user)
+    member_remove(membership=membership, actor=issued.token.user)  # leaving
+    assert_refused(client, "revoked")  # member_remove revokes the member's tokens
+
+
+def test_membership_deleted_in_the_admin_is_refused_on_the_next_request(issued, tenant):
+    client = client_with(issued.plaintext)
+    warm(client)
+    with scopes_disabled():
+        Membership.objects.filter(tenant=tenant, user=issued.token.user).delete()
+    assert_refused(client, "no longer a member")
+
+
+def test_demoted_member_loses_the_power_on_the_next_request(issued, tenant, rules):
+    client = client_with(issued.plaintext)
+    body = {"kind": "training", "gpus": 1, "command": ["true"]}
+    assert client.post("/api/v1/jobs/", body, format="json").status_code == 201
+    with scopes_disabled():
+        membership = Membership.objects.get(tenant=tenant, user=issued.token.user)
+        membership.role = Role.VIEWER
+        membership.save()
+    assert client.post("/api/v1/jobs/", body, format="json").status_code == 403
+
+
+def test_inactive_user_is_refused_on_the_next_request(issued):
+    client = client_with(issued.plaintext)
+    warm(client)
+    user = issued.token.user
+    user.is_active = False
+    user.save()
+    assert_refused(client, "inactive")
+
+
+def test_without_redis_nothing_is_cached(issued, monkeypatch):
+    import redis
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    monkeypatch.setattr(principal_cache, "_redis", lambda: dead)
+    client = client_with(issued.plaintext)
+    warm(client)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/jobs/").status_code == 200
+    assert auth_queries(queries.captured_queries)  # every request checks the database
+    token_revoke(token=issued.token, actor=None)
+    assert_refused(client, "revoked")
+
+
+REVOKE_ELSEWHERE = """
+import django; django.setup()
+from django_scopes import scopes_disabled
+from accounts.models import ApiToken
+from accounts.services import token_revoke
+with scopes_disabled():
+    token_revoke(token=ApiToken.objects.get(pk={pk}), actor=None)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_revocation_in_another_process_is_seen_on_the_next_request(tenant):
+    """The cache is per process; the version key in Redis is what every web process checks."""
+    principal_cache.clear()
+    issued = token_create(tenant=tenant, user=member_add(tenant), name="ci")
+    client = client_with(issued.plaintext)
+    warm(client)
+    subprocess.run(
+        [sys.executable, "-c", REVOKE_ELSEWHERE.format(pk=issued.token.pk)],
+        cwd=ROOT,
+        env=process_env(),
+        check=True,
+        timeout=60,
+    )
+    assert_refused(client, "revoked")
