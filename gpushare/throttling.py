@@ -20,16 +20,18 @@ log = logging.getLogger(__name__)
 
 # GCRA (the generic cell rate algorithm) in one atomic round trip: one key per client holding its
 # "theoretical arrival time"; N requests may come at once, then one per duration/N. Redis's own
-# clock, so every web process agrees. Returns 0 (allowed) or the milliseconds to wait.
+# clock, so every web process agrees. Times in microseconds; returns 0 (allowed) or the milliseconds
+# to wait.
 GCRA = """
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
-if tat - now > burst then return tat - now - burst end
-redis.call('SET', KEYS[1], tat + interval, 'PX', tat + interval - now + 1000)
+if tat - now > burst then return math.ceil((tat - now - burst) / 1000) end
+local ttl = math.ceil((tat + interval - now) / 1000) + 1000
+redis.call('SET', KEYS[1], string.format('%d', tat + interval), 'PX', ttl)
 return 0
 """
 
@@ -81,9 +83,9 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         self.key = self.get_cache_key(request, view)
         if self.key is None:
             return True
-        interval_ms = self.duration * 1000 / self.num_requests
+        interval_us = max(1, round(self.duration * 1_000_000 / self.num_requests))
         try:
-            wait_ms = _gcra_script(location)(keys=[self.key], args=[interval_ms, interval_ms * (self.num_requests - 1)])
+            wait_ms = _gcra_script(location)(keys=[self.key], args=[interval_us, interval_us * (self.num_requests - 1)])
         except redis.RedisError:
             log.warning("rate limit: Redis did not answer; request allowed", exc_info=True)
             return True

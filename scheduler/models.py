@@ -70,8 +70,41 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
+class JobArray(models.Model):
+    """Tasks submitted in one call, like ``sbatch --array``: each task is a :class:`Job` with its
+    ``array_index``, queued, placed, billed and cancellable on its own; cancelled as a group here."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="job_arrays")
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    name = models.CharField(max_length=200, blank=True)
+    indices = models.CharField(max_length=400, help_text="The index expression, e.g. 1-1000 or 0-99:2.")
+    task_count = models.PositiveIntegerField()
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(task_count__gt=0), name="jobarray_task_count_positive"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="jobarray_unique_idempotency_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} [{self.indices}]"
+
+
 class Job(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
+    # A task of an array: its array and its index there ($GPUSHARE_ARRAY_INDEX); null for a lone job.
+    array = models.ForeignKey(JobArray, on_delete=models.CASCADE, null=True, blank=True, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     name = models.CharField(max_length=200, blank=True)
     kind = models.CharField(max_length=16, choices=JobKind.choices)
@@ -122,13 +155,30 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "state"]), models.Index(fields=["state", "submitted_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "state"]),
+            models.Index(fields=["state", "submitted_at"]),
+            # The queue in its order within a class: queue positions count a range of it.
+            models.Index(
+                fields=["priority", "submitted_at", "id"], condition=models.Q(state="queued"), name="job_queued_order"
+            ),
+            # Keyset pagination of a tenant's jobs, newest first (the list's order).
+            models.Index(fields=["tenant", "-submitted_at", "-id"], name="job_tenant_newest"),
+        ]
         constraints = [
             models.CheckConstraint(condition=models.Q(gpu_milli__gt=0), name="job_gpu_milli_positive"),
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],
                 condition=~models.Q(idempotency_key=""),
                 name="job_unique_idempotency_key",
+            ),
+            models.UniqueConstraint(
+                fields=["array", "array_index"], condition=models.Q(array__isnull=False), name="job_unique_array_index"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(array__isnull=True, array_index__isnull=True)
+                | models.Q(array__isnull=False, array_index__isnull=False),
+                name="job_array_index_with_array",
             ),
         ]
 

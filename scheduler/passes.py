@@ -431,6 +431,9 @@ def launch_messages(job_ids: list[int]) -> list[tuple[str, str, dict]]:
         "max_runtime_s",
         "priority__grace_period_s",
         "node__name",
+        "array_id",
+        "array_index",
+        "array__task_count",
     )
     default_grace = settings.GPUSHARE["STOP_GRACE_S"]
     return [
@@ -446,8 +449,9 @@ def launch_messages(job_ids: list[int]) -> list[tuple[str, str, dict]]:
             "mode": mode,
             "max_runtime_s": max_runtime_s,
             "grace_s": grace or default_grace,
+            **({"array": {"id": array_id, "index": index, "count": count}} if array_id else {}),
         })
-        for job_id, attempt, slug, command, env, image, mode, max_runtime_s, grace, node in rows
+        for job_id, attempt, slug, command, env, image, mode, max_runtime_s, grace, node, array_id, index, count in rows
     ]  # fmt: skip
 
 

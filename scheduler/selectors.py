@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from .models import Job, JobLogChunk, JobState
@@ -43,13 +44,17 @@ def queue_position(job: Job) -> int | None:
 def job_log_read(job: Job, *, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:
     """Bytes of the job's output from ``offset`` (at most ``limit``), and the next offset."""
     chunks = JobLogChunk.objects.filter(job=job, offset__gte=_chunk_start(job, offset)).order_by("offset")
+    return _chunks_join(chunks.values_list("offset", "data").iterator(), offset=offset, limit=limit)
+
+
+def _chunks_join(chunks, *, offset: int, limit: int) -> tuple[bytes, int]:
     out = bytearray()
     next_offset = offset
-    for chunk in chunks.iterator():
-        data = bytes(chunk.data)
-        if chunk.offset > next_offset:
+    for chunk_offset, data in chunks:
+        data = bytes(data)
+        if chunk_offset > next_offset:
             break  # a gap: wait for the missing chunk
-        start = next_offset - chunk.offset
+        start = next_offset - chunk_offset
         if start >= len(data):
             continue
         piece = data[start : start + limit - len(out)]
@@ -58,6 +63,45 @@ def job_log_read(job: Job, *, offset: int, limit: int = 1 << 20) -> tuple[bytes,
         if len(out) >= limit:
             break
     return bytes(out), next_offset
+
+
+def job_log_poll(*, tenant, job_id, offset: int, limit: int = 1 << 20) -> tuple[Job, bytes, int] | None:
+    """``(job, bytes from offset, next offset)`` for the tenant's job, or None (no such job for this tenant).
+
+    One statement on PostgreSQL: the job row (its state and end, for ``complete``) with the chunks
+    that overlap ``[offset, offset + limit)``, by the ``(job, offset)`` unique index, so polling a log
+    costs one indexed query whatever its length.
+    """
+    if not str(job_id).isascii() or not str(job_id).isdigit() or int(job_id) >= 2**63:
+        return None
+    if connection.vendor != "postgresql":
+        job = jobs_for_tenant(tenant=tenant).filter(pk=int(job_id)).first()
+        if job is None:
+            return None
+        return job, *job_log_read(job, offset=offset, limit=limit)
+    jobs, chunks = Job._meta.db_table, JobLogChunk._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT j.id, j.state, j.finished_at, c."offset", c.data
+            FROM {jobs} j LEFT JOIN LATERAL (
+                SELECT c."offset", c.data FROM {chunks} c
+                WHERE c.job_id = j.id
+                  AND c."offset" >= COALESCE(
+                      (SELECT max(b."offset") FROM {chunks} b WHERE b.job_id = j.id AND b."offset" <= %s), 0)
+                  AND c."offset" < %s
+                ORDER BY c."offset") c ON true
+            WHERE j.id = %s AND j.tenant_id = %s
+            ORDER BY c."offset"
+            """,
+            [offset, offset + limit, int(job_id), tenant.pk],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    job = Job(pk=rows[0][0], tenant_id=tenant.pk, state=rows[0][1], finished_at=rows[0][2])
+    data, next_offset = _chunks_join(((r[3], r[4]) for r in rows if r[3] is not None), offset=offset, limit=limit)
+    return job, data, next_offset
 
 
 def _chunk_start(job: Job, offset: int) -> int:

@@ -118,15 +118,44 @@ def _default_max_runtime_s() -> int:
     return settings_get().default_max_runtime_s
 
 
-@transaction.atomic
-def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+def admission_check(*, tenant: Tenant, mode: str, gpu_milli: int, count: int = 1) -> None:
+    """Limits and holds for ``count`` jobs of this size, as a whole, inside the caller's transaction.
+
+    The one call to repoint (one line) at the admission layer of issue #18 once its call takes a
+    count; until then the existing checks: ``submission_check`` (state, sizes, budget; the tenant
+    row held FOR SHARE and, with ``max_open_jobs``, the per-tenant lock), then room for ``count``
+    more open jobs.
+    """
+    submission_check(tenant=tenant, mode=mode, gpu_milli=gpu_milli)
+    if count > 1:
+        from accounts.quotas import QUOTA_EXCEEDED, limits_for
+
+        limit = limits_for(tenant).max_open_jobs
+        if limit is not None:
+            with scopes_disabled():
+                open_jobs = Job.objects.filter(tenant_id=tenant.pk).exclude(state__in=TERMINAL_STATES).count()
+            if open_jobs + count > limit:
+                raise JobError(
+                    f"the array has {count} tasks and the tenant already has {open_jobs} unfinished jobs; "
+                    f"the limit max_open_jobs is {limit}",
+                    code=QUOTA_EXCEEDED,
+                )
+
+
+def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, PriorityClass]:
+    """The job's mode and priority class once the tenant may submit ``count`` such jobs (raises JobError)."""
     if tenant.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {tenant.slug} is {tenant.state} and cannot submit jobs", code="forbidden")
     mode = job_mode_for(kind=spec.kind, gpu_milli=spec.gpu_milli)
     if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
         raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")
-    submission_check(tenant=tenant, mode=mode, gpu_milli=spec.gpu_milli)
-    priority = priority_for(kind=spec.kind, name=spec.priority)
+    admission_check(tenant=tenant, mode=mode, gpu_milli=spec.gpu_milli, count=count)
+    return mode, priority_for(kind=spec.kind, name=spec.priority)
+
+
+@transaction.atomic
+def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+    mode, priority = job_checked(tenant=tenant, spec=spec)
     with scopes_disabled():
         job = Job.objects.create(
             tenant=tenant,

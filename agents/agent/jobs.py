@@ -38,6 +38,7 @@ class LaunchSpec:
     grace_s: int
     tenant: str = ""
     image: str = ""
+    array: dict = field(default_factory=dict)  # a job array's task: {"id", "index", "count"}
 
     @classmethod
     def from_message(cls, payload: dict) -> LaunchSpec:
@@ -53,6 +54,7 @@ class LaunchSpec:
             grace_s=int(payload.get("grace_s", 30)),
             tenant=str(payload.get("tenant", "")),
             image=str(payload.get("image", "")),
+            array={k: int(v) for k, v in (payload.get("array") or {}).items() if k in ("id", "index", "count")},
         )
 
 
@@ -79,6 +81,13 @@ def job_environment(
     env["GPUSHARE_ATTEMPT"] = str(spec.attempt)
     env["GPUSHARE_GRACE_SECONDS"] = str(spec.grace_s)
     env["GPUSHARE_GPU_FRACTION"] = f"{spec.share_milli / 1000:g}"
+    for key, name in (
+        ("id", "GPUSHARE_ARRAY_ID"),
+        ("index", "GPUSHARE_ARRAY_INDEX"),
+        ("count", "GPUSHARE_ARRAY_COUNT"),
+    ):
+        if key in spec.array:
+            env[name] = str(spec.array[key])
     env.update(extra)
     return env
 

@@ -26,6 +26,10 @@ class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
 
 
+class IntegerFilter(django_filters.Filter):
+    field_class = forms.IntegerField
+
+
 class JobFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(
         choices=JobState.choices, help_text="One or more states (repeat the parameter: ?state=queued&state=running)."
@@ -40,7 +44,13 @@ class JobFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(
         field_name="name", lookup_expr="icontains", max_length=200, help_text="Jobs whose name contains this text."
     )
+    array = IntegerFilter(
+        field_name="array_id",
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="The tasks of this job array (its id).",
+    )
 
     class Meta:
         model = Job
-        fields = ["state", "kind", "submitted_after", "submitted_before", "name"]
+        fields = ["state", "kind", "submitted_after", "submitted_before", "name", "array"]

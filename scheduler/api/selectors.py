@@ -6,44 +6,69 @@ can page through jobs without an N+1 on ``queue_position`` or the metrics.
 
 from __future__ import annotations
 
-from django.db.models import Count, F, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.contrib.postgres.fields import ArrayField
+from django.db import connection
+from django.db.models import CharField, F, IntegerField, Max, Min, QuerySet, Sum
+from django.db.models.expressions import RawSQL
 from django_scopes import scopes_disabled
 
+from agents.models import Gpu
 from billing.models import UsageWindow
 
-from ..models import Job, JobState
+from ..models import Allocation, Job, JobState, PriorityClass
 
 MAX_METRIC_POINTS = 500
+
+
+def _queue_position_sql() -> str:
+    """SQL for a job row's queue position (1-based; NULL unless queued): the queued jobs of higher
+    classes, plus those of the same rank submitted before it. Both counts are range scans of the
+    partial index ``job_queued_order`` (queued jobs only, by class, submission time and id), so the
+    cost is the number of queued jobs ahead of it, never the size of the table."""
+    job, classes = Job._meta.db_table, PriorityClass._meta.db_table
+    rank = f"(SELECT r.rank FROM {classes} r WHERE r.id = {job}.priority_id)"
+    return f"""CASE WHEN {job}.state = 'queued' THEN 1
+        + (SELECT count(*) FROM {job} a WHERE a.state = 'queued'
+             AND a.priority_id IN (SELECT c.id FROM {classes} c WHERE c.rank > {rank}))
+        + (SELECT count(*) FROM {job} a WHERE a.state = 'queued'
+             AND a.priority_id IN (SELECT c.id FROM {classes} c WHERE c.rank = {rank})
+             AND (a.submitted_at, a.id) < ({job}.submitted_at, {job}.id))
+        END"""
+
+
+def _gpu_uuids_sql() -> str:
+    """SQL for the GPUs a job row holds now, or held last (the set released last), in index order."""
+    job, allocations, gpus = Job._meta.db_table, Allocation._meta.db_table, Gpu._meta.db_table
+    return f"""ARRAY(SELECT g.uuid FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
+        WHERE a.job_id = {job}.id AND a.released_at IS NOT DISTINCT FROM (
+            SELECT CASE WHEN bool_or(b.released_at IS NULL) THEN NULL ELSE max(b.released_at) END
+            FROM {allocations} b WHERE b.job_id = {job}.id)
+        ORDER BY g.index)"""
+
+
+def with_api_fields(queryset: QuerySet[Job]) -> QuerySet[Job]:
+    """The jobs with what the API shows computed in the same query: ``api_queue_position``,
+    ``api_gpu_uuids`` (so a page or a detail is one query, whatever the state of its jobs)."""
+    queryset = queryset.annotate(api_queue_position=RawSQL(_queue_position_sql(), [], output_field=IntegerField()))
+    if connection.vendor != "postgresql":  # the SQLite demo: no arrays, the allocations are prefetched
+        return queryset.prefetch_related("allocations__gpu")
+    return queryset.annotate(api_gpu_uuids=RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField())))
 
 
 def queue_positions(*, job_ids: list[int]) -> dict[int, int]:
     """1-based place of each queued job among all queued jobs (higher class first, then first come).
 
-    Jobs that are not queued are absent from the answer. One query for a whole page.
+    Jobs that are not queued are absent from the answer. One query for any number of jobs.
     """
     if not job_ids:
         return {}
-    rank, submitted, pk = OuterRef("priority__rank"), OuterRef("submitted_at"), OuterRef("pk")
     with scopes_disabled():
-        ahead = (
-            Job.objects.filter(state=JobState.QUEUED)
-            .filter(
-                Q(priority__rank__gt=rank)
-                | Q(priority__rank=rank, submitted_at__lt=submitted)
-                | Q(priority__rank=rank, submitted_at=submitted, pk__lt=pk)
-            )
-            .order_by()
-            .values("state")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
         rows = (
             Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED)
-            .annotate(ahead=Coalesce(Subquery(ahead, output_field=IntegerField()), 0))
-            .values_list("pk", "ahead")
+            .annotate(position=RawSQL(_queue_position_sql(), [], output_field=IntegerField()))
+            .values_list("pk", "position")
         )
-        return {job_id: n + 1 for job_id, n in rows}
+        return dict(rows)
 
 
 def job_metric_series(*, job: Job, max_points: int = MAX_METRIC_POINTS) -> dict:

@@ -8,7 +8,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import MILLI_PER_GPU, Job, JobKind, JobState
+from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
+from ..models import MILLI_PER_GPU, Job, JobArray, JobKind, JobState
 from ..selectors import job_gpu_uuids
 from ..services import JobSpec
 from .selectors import queue_positions
@@ -67,6 +68,40 @@ class EnvField(serializers.DictField):
         return env
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"count": {"type": "integer", "minimum": 1, "maximum": MAX_TASKS}},
+                "required": ["count"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"range": {"type": "string", "maxLength": 400, "example": "1-1000"}},
+                "required": ["range"],
+                "additionalProperties": False,
+            },
+        ],
+        "description": "Submit an array of tasks (like sbatch --array): {count: N} is indices 0..N-1; "
+        '{range: "1-1000"} takes A-B, A-B:STEP and comma lists ("1,3,5-7"). Each task is a job with '
+        "$GPUSHARE_ARRAY_INDEX set; the answer is the array (see /api/v1/arrays/).",
+    }
+)
+class ArrayField(serializers.Field):
+    """``array``: ``{"count": N}`` or ``{"range": "1-1000"}`` (scheduler.arrays has the grammar)."""
+
+    def to_internal_value(self, data) -> ArraySpec:
+        try:
+            return array_parse(data)
+        except ArrayError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+    def to_representation(self, value):
+        return value
+
+
 class JobCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     kind = serializers.ChoiceField(choices=JobKind.choices)
@@ -82,6 +117,7 @@ class JobCreateSerializer(serializers.Serializer):
     gpu_memory_mb = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False, allow_null=True)
     priority = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
     max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=90 * 24 * 3600, required=False)
+    array = ArrayField(required=False)
 
     @staticmethod
     def spec(v: dict) -> JobSpec:
@@ -110,6 +146,32 @@ class JobUsageSerializer(serializers.Serializer):
 ISOLATION_CHOICES = ["exclusive", "mig", "mps", "none"]
 
 
+class JobArrayRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The array (GET /api/v1/arrays/{id}/).")
+    index = serializers.IntegerField(help_text="This task's index: $GPUSHARE_ARRAY_INDEX in its environment.")
+
+
+class JobArraySerializer(serializers.ModelSerializer):
+    """An array as the API shows it; ``states`` (task count per state) comes from ``states_by_array`` in the
+    context (one query for a whole page)."""
+
+    states = serializers.SerializerMethodField()
+    tasks = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobArray
+        fields = ["id", "name", "indices", "task_count", "submitted_at", "states", "tasks"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_states(self, array: JobArray) -> dict:
+        return self.context.get("states_by_array", {}).get(array.pk, {})
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_tasks(self, array: JobArray) -> str:
+        return f"/api/v1/jobs/?array={array.pk}"
+
+
 class JobSerializer(serializers.ModelSerializer):
     """The job as the API shows it. ``queue_positions`` in the context (job id -> position) saves a query per job;
     ``gpu_uuids`` (job id -> uuids) saves reading the allocations of a job known to hold none."""
@@ -124,11 +186,13 @@ class JobSerializer(serializers.ModelSerializer):
     max_runtime_seconds = serializers.IntegerField(source="max_runtime_s")
     cost = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    array = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
             "id",
+            "array",
             "name",
             "kind",
             "gpus",
@@ -157,6 +221,10 @@ class JobSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    @extend_schema_field(JobArrayRefSerializer(allow_null=True))
+    def get_array(self, job: Job) -> dict | None:
+        return None if job.array_id is None else {"id": job.array_id, "index": job.array_index}
+
     @extend_schema_field(OpenApiTypes.NUMBER)
     def get_gpus(self, job: Job):
         gpus = job.gpus
@@ -164,6 +232,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_gpu_uuids(self, job: Job) -> list[str]:
+        annotated = getattr(job, "api_gpu_uuids", None)  # scheduler.api.selectors.with_api_fields
+        if annotated is not None:
+            return list(annotated)
         known = self.context.get("gpu_uuids", {}).get(job.pk)
         return known if known is not None else job_gpu_uuids(job)
 
@@ -175,6 +246,8 @@ class JobSerializer(serializers.ModelSerializer):
     def get_queue_position(self, job: Job) -> int | None:
         if job.state != JobState.QUEUED:
             return None
+        if hasattr(job, "api_queue_position"):  # scheduler.api.selectors.with_api_fields
+            return job.api_queue_position
         positions = self.context.get("queue_positions")
         if positions is None:
             positions = queue_positions(job_ids=[job.pk])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -13,13 +14,14 @@ from rest_framework.response import Response
 
 from accounts.permissions import RoleAllows
 from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
+from gpushare.pagination import KeysetPagination
 
 from .. import services
-from ..models import TERMINAL_STATES, Job, JobState
-from ..selectors import job_log_read, jobs_for_tenant
+from ..models import TERMINAL_STATES, Job
+from ..selectors import job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
-from .selectors import job_metric_series, queue_positions
+from .selectors import job_metric_series, with_api_fields
 from .serializers import JobCreateSerializer, JobLogSerializer, JobMetricsSerializer, JobSerializer
 
 MAX_LOG_READ = 1 << 20
@@ -47,6 +49,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = JobSerializer
     filterset_class = JobFilter
+    pagination_class = KeysetPagination
     permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]
     required_scopes = {"GET": "jobs:read", "POST": "jobs:write"}
     required_actions = {"cancel": "jobs.cancel", "GET": "jobs.read", "POST": "jobs.submit"}
@@ -55,14 +58,8 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view's shape
             return Job.objects.none()
-        return jobs_for_tenant(tenant=self.tenant).prefetch_related("allocations__gpu")
-
-    def list(self, request, *args, **kwargs):
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        positions = queue_positions(job_ids=[job.pk for job in page if job.state == JobState.QUEUED])
-        context = {**self.get_serializer_context(), "queue_positions": positions}
-        serializer = JobSerializer(page, many=True, context=context)
-        return self.get_paginated_response(serializer.data)
+        # One query for a page or a job: queue position and GPUs are computed in it (no per-row query).
+        return with_api_fields(jobs_for_tenant(tenant=self.tenant))
 
     @extend_schema(
         summary="Submit a job",
@@ -84,6 +81,8 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         data = JobCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         spec = JobCreateSerializer.spec(data.validated_data)
+        if "array" in data.validated_data:
+            return self._array_create(request, spec, data.validated_data["array"], key)
         try:
             submitted = job_submit_idempotent(tenant=self.tenant, user=request.user, spec=spec, idempotency_key=key)
         except services.JobError as exc:
@@ -93,6 +92,20 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # The job as just committed (queued, never placed, nothing used): no need to read it back.
         context = {**self.get_serializer_context(), "gpu_uuids": {submitted.job.pk: []}}
         return Response(JobSerializer(submitted.job, context=context).data, status=status.HTTP_201_CREATED)
+
+    def _array_create(self, request, spec, array, key: str) -> Response:
+        from ..array_services import job_array_submit_idempotent
+        from .arrays import array_body
+
+        try:
+            submitted = job_array_submit_idempotent(
+                tenant=self.tenant, user=request.user, spec=spec, array=array, idempotency_key=key
+            )
+        except services.JobError as exc:
+            raise ApiError.from_service(exc) from exc
+        return Response(
+            array_body(submitted.array), status=status.HTTP_201_CREATED if submitted.created else status.HTTP_200_OK
+        )
 
     @extend_schema(
         summary="Cancel a job",
@@ -119,11 +132,13 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     )
     @action(detail=True, methods=["get"], filterset_class=None)
     def logs(self, request, pk=None):
-        job = self.get_object()
         raw = request.query_params.get("offset", "0")
         if not raw.isascii() or not raw.isdigit() or len(raw) > 15:
             raise ApiError("offset must be a non-negative integer byte offset", fields={"offset": ["invalid"]})
-        data, next_offset = job_log_read(job, offset=int(raw), limit=MAX_LOG_READ)
+        found = job_log_poll(tenant=self.tenant, job_id=pk, offset=int(raw), limit=MAX_LOG_READ)
+        if found is None:
+            raise Http404
+        job, data, next_offset = found
         settled = job.state in TERMINAL_STATES and job.finished_at and job.finished_at < timezone.now() - LOG_SETTLE
         body = {
             "job": job.pk,

@@ -1,0 +1,87 @@
+"""REST v1: job arrays (``POST /api/v1/jobs/`` with ``array`` creates one).
+
+``GET /api/v1/arrays/`` and ``/arrays/{id}/``: the array with its task count per
+state; ``POST /api/v1/arrays/{id}/cancel/`` cancels every unfinished task (queued
+ones at once, running ones gracefully). The tasks themselves are jobs:
+``GET /api/v1/jobs/?array={id}``, and each can be read or cancelled on its own.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Count
+from django_scopes import scopes_disabled
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from accounts.permissions import RoleAllows
+from gpushare.api import ERROR_RESPONSES, TenantScopedMixin
+
+from ..models import Job, JobArray
+from .serializers import JobArraySerializer
+
+
+def states_by_array(array_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Array id -> {state: task count}; one GROUP BY for a whole page."""
+    out: dict[int, dict[str, int]] = {pk: {} for pk in array_ids}
+    with scopes_disabled():
+        rows = (
+            Job.objects.filter(array_id__in=array_ids)
+            .order_by()
+            .values_list("array_id", "state")
+            .annotate(n=Count("pk"))
+        )
+        for array_id, state, n in rows:
+            out[array_id][state] = n
+    return out
+
+
+def array_body(array: JobArray) -> dict:
+    return JobArraySerializer(array, context={"states_by_array": states_by_array([array.pk])}).data
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List the tenant's job arrays", responses={200: JobArraySerializer(many=True), **ERROR_RESPONSES}
+    ),
+    retrieve=extend_schema(summary="Get a job array", responses={200: JobArraySerializer, **ERROR_RESPONSES}),
+)
+class JobArrayViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = JobArraySerializer
+    permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]
+    required_scopes = {"GET": "jobs:read", "POST": "jobs:write"}
+    required_actions = {"cancel": "jobs.cancel", "GET": "jobs.read", "POST": "jobs.submit"}
+    owner_field = "submitted_by_id"
+    filterset_class = None
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return JobArray.objects.none()
+        return JobArray.objects.filter(tenant=self.tenant)
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "states_by_array": getattr(self, "_states", {})}
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.get_queryset())
+        self._states = states_by_array([a.pk for a in page])
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(array_body(self.get_object()))
+
+    @extend_schema(
+        summary="Cancel every unfinished task of an array",
+        description="Queued tasks are cancelled at once; placed or running ones are stopped gracefully "
+        "(signal, then the class's grace period). Finished tasks are left as they are.",
+        request=None,
+        responses={202: JobArraySerializer, **ERROR_RESPONSES},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        from ..array_services import job_array_cancel
+
+        array = self.get_object()
+        job_array_cancel(array=array, actor=request.user)
+        return Response(array_body(array), status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,151 @@
+"""Writes for job arrays: submit all tasks in one transaction, cancel them as a group.
+
+Each task is an ordinary :class:`~scheduler.models.Job` (placed, run, metered and
+billed on its own, cancellable one by one) with ``array`` and ``array_index``;
+the agent gets the index as ``$GPUSHARE_ARRAY_INDEX``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from accounts.models import Tenant
+
+from .arrays import ArraySpec
+from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
+from .services import JobError, JobSpec, _default_max_runtime_s, job_cancel, job_checked, schedule_soon
+
+CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
+
+
+@transaction.atomic
+def job_array_submit(
+    *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency: tuple = ("", "")
+) -> JobArray:
+    """Store the array and all its tasks, queued, in one transaction; limits and holds apply to the
+    whole array at admission (all its tasks are admitted, or none). One scheduling pass is asked for."""
+    mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count)
+    key, digest = idempotency
+    with scopes_disabled():
+        job_array = JobArray.objects.create(
+            tenant=tenant,
+            submitted_by=user if getattr(user, "pk", None) else None,
+            name=spec.name,
+            indices=array.expression,
+            task_count=array.count,
+            idempotency_key=key,
+            request_hash=digest,
+        )
+        now = timezone.now()
+        common = {
+            "tenant": tenant,
+            "submitted_by": job_array.submitted_by,
+            "array": job_array,
+            "name": spec.name,
+            "kind": spec.kind,
+            "mode": mode,
+            "gpu_milli": spec.gpu_milli,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "image": spec.image,
+            "gpu_model": spec.gpu_model,
+            "gpu_memory_mb": spec.gpu_memory_mb,
+            "priority": priority,
+            "max_runtime_s": spec.max_runtime_s or _default_max_runtime_s(),
+            "pending_reason": "waiting for the next scheduling pass",
+            "submitted_at": now,
+        }
+        # One submission time for the whole array; the id orders the tasks within it (index order).
+        tasks = Job.objects.bulk_create([Job(array_index=i, **common) for i in array.indices], batch_size=2000)
+        JobEvent.objects.bulk_create(
+            [JobEvent(tenant=tenant, job=t, to_state=JobState.QUEUED, detail="submitted") for t in tasks],
+            batch_size=2000,
+        )
+    schedule_soon()
+    return job_array
+
+
+@dataclass(frozen=True)
+class ArraySubmitted:
+    array: JobArray
+    created: bool
+
+
+def job_array_submit_idempotent(
+    *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency_key: str
+) -> ArraySubmitted:
+    """``job_array_submit`` once per (tenant, Idempotency-Key), like single jobs (scheduler.api.idempotency)."""
+    from .api.idempotency import KEY_TTL, request_hash
+
+    if not idempotency_key:
+        return ArraySubmitted(job_array_submit(tenant=tenant, user=user, spec=spec, array=array), True)
+    digest = hashlib.sha256(f"{request_hash(spec)}:{array.expression}".encode()).hexdigest()
+
+    def existing() -> JobArray | None:
+        with scopes_disabled():
+            found = JobArray.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if found is None:
+            return None
+        if found.submitted_at < timezone.now() - KEY_TTL:
+            JobArray.objects.filter(pk=found.pk).update(idempotency_key="")
+            return None
+        if found.request_hash != digest:
+            raise JobError(
+                f"Idempotency-Key '{idempotency_key}' was already used for array {found.pk} with a different "
+                "request body; use a new key for a different array",
+                code="conflict",
+            )
+        return found
+
+    try:
+        with transaction.atomic():
+            if (found := existing()) is not None:
+                return ArraySubmitted(found, False)
+            created = job_array_submit(
+                tenant=tenant, user=user, spec=spec, array=array, idempotency=(idempotency_key, digest)
+            )
+            return ArraySubmitted(created, True)
+    except IntegrityError:
+        with transaction.atomic():
+            found = existing()
+        if found is None:
+            raise
+        return ArraySubmitted(found, False)
+
+
+@scopes_disabled()
+@transaction.atomic
+def job_array_cancel(*, array: JobArray, actor=None, reason: str = "") -> int:
+    """Cancel every unfinished task: queued ones at once (in bulk), placed or running ones
+    gracefully (as ``job_cancel`` does: signal, grace period). Returns how many were asked to stop."""
+    who = getattr(actor, "username", "") or "the platform"
+    reason = reason or f"array {array.pk} cancelled by {who}"
+    now = timezone.now()
+    waiting = list(
+        Job.objects.select_for_update(of=("self",))
+        .filter(array=array, state__in=CANCELLABLE_AT_ONCE)
+        .values_list("pk", "state")
+    )
+    if waiting:
+        assert all(JobState.CANCELLED in TRANSITIONS[state] for state in CANCELLABLE_AT_ONCE)
+        Job.objects.filter(pk__in=[pk for pk, _ in waiting]).update(
+            state=JobState.CANCELLED, finished_at=now, stop_reason=reason[:200]
+        )
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    tenant_id=array.tenant_id, job_id=pk, from_state=state, to_state=JobState.CANCELLED, detail=reason
+                )
+                for pk, state in waiting
+            ],
+            batch_size=2000,
+        )
+    placed = list(Job.objects.filter(array=array, state__in=(JobState.SCHEDULED, JobState.RUNNING), stop_requested=""))
+    for job in placed:
+        job_cancel(job=job, actor=actor, reason=reason)
+    return len(waiting) + len(placed)
