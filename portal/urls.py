@@ -12,6 +12,7 @@ urlpatterns = [
     path("tenant/", common.tenant_switch, name="tenant_switch"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/cancel/", jobs.job_bulk_cancel, name="jobs_cancel"),
+    path("jobs/arrays/<int:pk>/cancel/", jobs.job_array_cancel, name="array_cancel"),
     path("jobs/new/", jobs.job_submit, name="submit"),
     path("jobs/new/check/", jobs.job_submit_check, name="submit_check"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job"),

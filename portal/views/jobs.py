@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpResponseBadRequest, JsonResponse
+from django.http import Http404, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -48,6 +48,10 @@ def _job(request, pk: int) -> Job:
 def job_list(request):
     f = {key: request.GET.get(key, "").strip() for key in ("state", "kind", "q", "sort")}
     jobs = selectors.jobs_search(tenant=request.portal.tenant, **{k: v for k, v in f.items()})
+    array, array_states = _array_filter(request)
+    if array is not None:
+        f["array"] = str(array.pk)
+        jobs = jobs.filter(array=array)
     paginator = Paginator(jobs, PAGE_SIZE)
     page_obj = paginator.get_page(request.GET.get("page"))
     query = urlencode({k: v for k, v in f.items() if v})
@@ -65,8 +69,39 @@ def job_list(request):
             "kinds": JobKind.choices,
             "sorts": [(key, key.title()) for key in selectors.SORTS],
             "terminal": sorted(TERMINAL_STATES),
+            "array": array,
+            "array_states": array_states,
         },
     )
+
+
+def _array_filter(request):
+    """``?array=ID``: the tenant's array (404 for another tenant's) and its task count per state."""
+    raw = request.GET.get("array", "").strip()
+    if not raw:
+        return None, {}
+    from scheduler.api.arrays import states_by_array
+    from scheduler.models import JobArray
+
+    if not raw.isdigit() or len(raw) > 18:
+        raise Http404
+    array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=int(raw))
+    return array, sorted(states_by_array([array.pk])[array.pk].items())
+
+
+@tenant_page(action="jobs.cancel")
+@require_POST
+def job_array_cancel(request, pk: int):
+    """Cancel every unfinished task of an array (queued at once, running gracefully)."""
+    from scheduler.array_services import job_array_cancel as cancel
+    from scheduler.models import JobArray
+
+    array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=pk)
+    if not request.portal.may_act_on("jobs.cancel", owner_id=array.submitted_by_id):
+        return page(request, "portal/forbidden.html", {"why": "Your role cancels only your own jobs."}, status=403)
+    stopped = cancel(array=array, actor=request.user)
+    messages.success(request, f"Cancelling {stopped} unfinished task{'s' if stopped != 1 else ''} of array {array.pk}.")
+    return redirect(f"{reverse('portal:jobs')}?array={array.pk}")
 
 
 @tenant_page(action="jobs.cancel")
