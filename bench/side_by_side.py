@@ -85,6 +85,19 @@ class Ours:
             raise RuntimeError(f"submit answered {r.status_code}: {r.text[:300]}")
         return r.json()["id"]
 
+    def submit_array(self, n: int, milli: int) -> list[int]:
+        """One API call for ``n`` tasks; the ids of the tasks."""
+        from django_scopes import scopes_disabled
+
+        from scheduler.models import Job
+
+        body = {**api_body(milli, "true"), "array": {"range": f"1-{n}"}}
+        r = self.stack.session().post(f"{self.stack.url}/api/v1/jobs/", json=body, timeout=120)
+        if r.status_code != 201:
+            raise RuntimeError(f"array submit answered {r.status_code}: {r.text[:300]}")
+        with scopes_disabled():
+            return list(Job.objects.filter(array_id=r.json()["id"]).values_list("pk", flat=True))
+
     def hold(self) -> None:
         self.stack.node_state_set("cordoned")
 
@@ -109,6 +122,9 @@ class Theirs:
 
     def submit_one(self, milli: int, session: dict, command: str = "true") -> int:
         return self.cluster.sbatch(gres=slurm_gres(milli), command=command, hold=self.held)
+
+    def submit_array(self, n: int, milli: int) -> list[int]:
+        return [self.cluster.sbatch(gres=slurm_gres(milli), command="true", hold=self.held, array=f"1-{n}")]
 
     def hold(self) -> None:
         self.held = True
@@ -152,12 +168,36 @@ def measure(system, *, n: int, latency_n: int, stamp_dir: Path, drain_timeout: f
                 system.discard(ids)
         else:
             system.discard(ids)
+    array_measure(system, n=n, out=out, drain_timeout=drain_timeout, log=log)
     lat = latency_run(system.submit_one, workload(latency_n), stamp_dir / system.name)
     out["latency_s"] = lat
     out["latency_p50_s"] = percentile(lat, 50)
     out["latency_p95_s"] = percentile(lat, 95)
     log(f"  {system.name}: idle latency p50 {out['latency_p50_s']:.3f}s p95 {out['latency_p95_s']:.3f}s")
     return out
+
+
+ARRAY_MILLI = 125  # every task of the array takes 1/8 of a GPU (Slurm: --gres=shard:1)
+
+
+def array_measure(system, *, n: int, out: dict, drain_timeout: float, log) -> None:
+    """``n`` tasks in one array call, held (submit time), then released (drain time)."""
+    system.hold()
+    start = time.perf_counter()
+    ids = system.submit_array(n, ARRAY_MILLI)
+    out["array_submit_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    system.release(ids)
+    try:
+        wait_until(lambda: system.unfinished(ids) == 0, drain_timeout)
+    except TimeoutError:
+        out["array_drain_timed_out"] = True
+        system.discard(ids)
+    out["array_drain_s"] = time.perf_counter() - start
+    log(
+        f"  {system.name}: array of {n}: submitted in {out['array_submit_s']:.2f}s, "
+        f"drained in {out['array_drain_s']:.1f}s"
+    )
 
 
 def rows_for(ours: dict, slurm: dict[str, dict]) -> list[Row]:
@@ -208,6 +248,22 @@ def rows_for(ours: dict, slurm: dict[str, dict]) -> list[Row]:
                 runs=len(ours["latency_s"]),
             )
         )
+        if "array_submit_s" in ours and "array_submit_s" in theirs:
+            for key, label in (("array_submit_s", "submit"), ("array_drain_s", "drain")):
+                rows.append(
+                    Row(
+                        "vs-slurm",
+                        f"array of {ours['n']} tasks (1/8 GPU each), {label}",
+                        ours[key],
+                        "s",
+                        theirs[key],
+                        ref,
+                        higher_is_better=False,
+                        goal="ahead of Slurm",
+                        goal_met=ours[key] <= min(s[key] for s in slurm.values()),
+                        runs=1,
+                    )
+                )
         tuned = slurm.get("tuned", theirs)
         rows.append(
             Row(

@@ -11,7 +11,6 @@ declares ``Gres=gpu:8,shard:64``; gres.conf has ``AutoDetect=off`` and
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -31,38 +30,13 @@ class SlurmError(RuntimeError):
 
 
 def slurm_install() -> None:
-    """Install slurm-wlm and munge from Debian when missing (needs root).
+    """Install slurm-wlm and munge from Debian when missing (needs root; see bench.tools)."""
+    from .tools import ToolError, apt_install
 
-    Debian's maintainer scripts would start system daemons; a policy-rc.d
-    that denies them is put in place for the install when none exists.
-    """
-    if shutil.which("slurmctld") and shutil.which("munged") and shutil.which("sbatch"):
-        return
-    if os.geteuid() != 0:
-        raise SlurmError("slurm-wlm and munge are missing; run as root or apt-get install slurm-wlm munge")
-    policy = Path("/usr/sbin/policy-rc.d")
-    created = not policy.exists()
-    if created:
-        policy.write_text("#!/bin/sh\nexit 101\n")
-        policy.chmod(0o755)
     try:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for _ in range(30):  # another apt may hold the lock for a while
-            result = subprocess.run(
-                ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            if result.returncode == 0:
-                return
-            if "lock" not in result.stderr:
-                subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            time.sleep(5)
-        raise SlurmError(f"apt-get install {' '.join(PACKAGES)} failed: {result.stderr[-2000:]}")
-    finally:
-        if created:
-            policy.unlink(missing_ok=True)
+        apt_install(PACKAGES, binaries=("slurmctld", "munged", "sbatch"))
+    except ToolError as exc:
+        raise SlurmError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -291,10 +265,12 @@ class SlurmCluster:
             raise SlurmError(f"{' '.join(argv)}: {result.stderr.strip()}")
         return result.stdout
 
-    def sbatch(self, *, gres: str, command: str, hold: bool = False) -> int:
+    def sbatch(self, *, gres: str, command: str, hold: bool = False, array: str = "") -> int:
         argv = ["sbatch", "--parsable", "-J", "b", "-o", "/dev/null", "-c", "1", f"--gres={gres}"]
         if hold:
             argv.append("--hold")
+        if array:
+            argv.append(f"--array={array}")
         out = self.run(*argv, f"--chdir={self.paths.root / 'jobs'}", "--wrap", command)
         return int(out.strip().split(";")[0])
 

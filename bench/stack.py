@@ -58,7 +58,7 @@ def free_port() -> int:
 def platform_env(config: StackConfig, var_dir: Path) -> dict:
     """Environment of every platform process (and of the harness's Django)."""
     return {
-        "DJANGO_SETTINGS_MODULE": "gpushare.settings.production",
+        "DJANGO_SETTINGS_MODULE": "bench.settings",  # production + a bare view (bench/urls.py)
         "SECRET_KEY": "bench-" + "x" * 40,
         "DATABASE_URL": config.database_url,
         "REDIS_URL": config.redis_url,

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from aiohttp import ClientConnectorError, ClientSession, ClientTimeout, ServerDisconnectedError, web
+from aiohttp import ClientConnectorError, ClientSession, ClientTimeout, ServerDisconnectedError, TCPConnector, web
 
 log = logging.getLogger("gpushare.gateway")
 
@@ -385,7 +385,8 @@ def make_app(gateway: Gateway) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
 
     async def start(app):
-        gateway.session = ClientSession(auto_decompress=False)
+        # Persistent upstream connections, no pool cap (aiohttp's default of 100 queued the 101st request).
+        gateway.session = ClientSession(auto_decompress=False, connector=TCPConnector(limit=0, keepalive_timeout=60))
         app["background"] = asyncio.create_task(gateway.background(app))
 
     async def stop(app):
@@ -417,6 +418,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:  # uvloop's event loop when installed (requirements.txt): cheaper per request than asyncio's
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     gateway = Gateway(refresh_s=args.refresh, cold_start_timeout_s=args.cold_start_timeout)
     web.run_app(make_app(gateway), host=args.host, port=args.port, access_log=None)
 
