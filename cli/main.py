@@ -265,7 +265,8 @@ def cmd_list(client: Client, args) -> int:
         for j in page["results"]
     ]
     header = f"{'ID':>8}  {'STATE':<10} {'KIND':<9} {'GPUS':>5}  {'SUBMITTED':<19}  NAME"
-    print_out(page, args.json, [header, *rows, f"({len(rows)} of {page['count']})"])
+    more = ", more: raise --limit or filter" if page.get("next") else ""  # the job list pages by cursor (no count)
+    print_out(page, args.json, [header, *rows, f"({len(rows)} shown{more})"])
     return 0
 
 

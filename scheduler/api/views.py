@@ -7,7 +7,13 @@ from datetime import timedelta
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -22,7 +28,13 @@ from ..selectors import job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
 from .selectors import job_metric_series, with_api_fields
-from .serializers import JobCreateSerializer, JobLogSerializer, JobMetricsSerializer, JobSerializer
+from .serializers import (
+    JobArraySerializer,
+    JobCreateSerializer,
+    JobLogSerializer,
+    JobMetricsSerializer,
+    JobSerializer,
+)
 
 MAX_LOG_READ = 1 << 20
 # The agent ships a job's last log bytes just before it reports the exit, but
@@ -39,6 +51,11 @@ IDEMPOTENCY_KEY = OpenApiParameter(
         "Any unique string (a UUID, or CI's run id + step). Within 24 h, the same key from the same tenant "
         "returns the job it created (200) instead of creating another; the same key with a different body is a 409."
     ),
+)
+
+
+JOB_OR_ARRAY = PolymorphicProxySerializer(
+    component_name="JobOrJobArray", serializers=[JobSerializer, JobArraySerializer], resource_type_field_name=None
 )
 
 
@@ -66,8 +83,10 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         request=JobCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses={
-            201: OpenApiResponse(JobSerializer, description="Created."),
-            200: OpenApiResponse(JobSerializer, description="The job this Idempotency-Key created earlier."),
+            201: OpenApiResponse(
+                JOB_OR_ARRAY, description="Created: the job, or with `array` the job array (its tasks are jobs)."
+            ),
+            200: OpenApiResponse(JOB_OR_ARRAY, description="The job (or array) this Idempotency-Key created earlier."),
             **ERROR_RESPONSES,
         },
     )

@@ -259,7 +259,7 @@ def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
     (tmp_path / "gpushare" / "config.toml").write_text(f'url = "{live_server.url}"\ntoken = "{token}"\n')
     from_file = run_cli("", "", "list", "--json", tmp_path=tmp_path)
     assert from_file.returncode == 0, from_file.stderr
-    assert '"count": 0' in from_file.stdout
+    assert '"results": []' in from_file.stdout
     assert run_cli("", "", "list", tmp_path=tmp_path / "nowhere").returncode == EXIT_USAGE
 
 
