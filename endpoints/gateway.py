@@ -291,6 +291,12 @@ class Gateway:
             replica = await self.wait_for_replica(route.endpoint_id, t, tried)
             if replica is None:
                 t.failed()
+                current = next((r for r in self.table.values() if r.endpoint_id == route.endpoint_id), route)
+                if no_capacity(current):
+                    return error(
+                        503, "unavailable", "no replica is ready and there is no capacity to start one now; "
+                        "retry later", retry_after=30,
+                    )  # fmt: skip
                 return error(503, "unavailable", "no replica is ready yet; retry shortly", retry_after=5)
             tried.add(replica.replica_id)
             self.inflight[replica.replica_id] = self.inflight.get(replica.replica_id, 0) + 1
@@ -318,6 +324,8 @@ class Gateway:
                 replica = self.pick(route, tried) if route else None
                 if replica is not None or route is None:
                     return replica
+                if no_capacity(route):
+                    return None  # nothing will be ready soon: 503 with Retry-After now, not after the hold
                 if not queued:
                     if t.queued >= self.max_queue:
                         return None
@@ -357,6 +365,16 @@ class Gateway:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+
+def no_capacity(route) -> bool:
+    """No replica can be ready soon: none may run (max 0), or a pass could not place one (no capacity)
+    and none is starting on a node. A cold start (a replica placed and starting, or just asked for
+    and not yet seen by a pass) is held instead."""
+    if route.max_replicas == 0:
+        return True
+    starting = any(r.state == "starting" for r in route.replicas)
+    return bool(route.unplaceable) and not starting
 
 
 def token_check(plaintext: str, tenant_slug: str) -> tuple | None:

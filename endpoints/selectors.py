@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import DecimalField, QuerySet, Sum, Value
+from django.db.models import Count, DecimalField, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 from django_scopes import scopes_disabled
 
@@ -15,6 +15,7 @@ from scheduler.models import JobState
 from .models import Endpoint, Replica
 
 ROUTABLE_JOB_STATES = (JobState.RUNNING,)
+FIRST_PASS_PENDING = "waiting for the next scheduling pass"  # a queued job no pass has looked at yet
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class EndpointRoute:
     version: int
     idle_timeout_s: int
     replicas: tuple[Route, ...]
+    max_replicas: int = 1
+    # Replicas whose job a scheduling pass could not place (no capacity): while there are such and none
+    # is starting on a node, a request cannot be served soon and is answered 503 at once.
+    unplaceable: int = 0
 
 
 def node_address(node_name: str, reported: str = "") -> str:
@@ -61,8 +66,15 @@ def routing_table() -> dict[tuple[str, str], EndpointRoute]:
     )
     for pk, endpoint_id, port, state, version, node, reported in replicas:
         routes.setdefault(endpoint_id, []).append(Route(pk, node_address(node, reported), port, state, version))
+    unplaceable = Count(
+        "replicas",
+        filter=Q(replicas__job__state=JobState.QUEUED)
+        & ~Q(replicas__state=Replica.State.STOPPED)
+        & ~Q(replicas__job__pending_reason__in=("", FIRST_PASS_PENDING)),
+    )
     table = {}
-    for e in Endpoint.objects.filter(state=Endpoint.State.ACTIVE).select_related("tenant"):
+    active = Endpoint.objects.filter(state=Endpoint.State.ACTIVE).select_related("tenant")
+    for e in active.annotate(unplaceable=unplaceable):
         table[(e.tenant.slug, e.name)] = EndpointRoute(
             e.pk,
             e.tenant_id,
@@ -72,6 +84,8 @@ def routing_table() -> dict[tuple[str, str], EndpointRoute]:
             e.version,
             e.idle_timeout_s,
             tuple(routes.get(e.pk, ())),
+            e.max_replicas,
+            e.unplaceable,
         )
     return table
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -18,6 +18,7 @@ from accounts.models import Tenant
 
 from .arrays import ArraySpec
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
+from .passes import rows_insert
 from .services import JobError, JobSpec, _default_max_runtime_s, job_cancel, job_checked, schedule_soon
 
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
@@ -61,13 +62,41 @@ def job_array_submit(
             "submitted_at": now,
         }
         # One submission time for the whole array; the id orders the tasks within it (index order).
-        tasks = Job.objects.bulk_create([Job(array_index=i, **common) for i in array.indices], batch_size=2000)
-        JobEvent.objects.bulk_create(
-            [JobEvent(tenant=tenant, job=t, to_state=JobState.QUEUED, detail="submitted") for t in tasks],
-            batch_size=2000,
+        task_ids = tasks_insert(Job(**common), array.indices)
+        rows_insert(
+            JobEvent,
+            ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"),
+            [(tenant.pk, job_id, now, "", JobState.QUEUED, "submitted") for job_id in task_ids],
         )
     schedule_soon()
     return job_array
+
+
+def tasks_insert(template: Job, indices) -> list[int]:
+    """Insert one job per index, copies of ``template`` but for ``array_index``; their ids in index order.
+
+    PostgreSQL: the row is prepared once from the model's own fields and defaults (so a column added
+    to Job later is covered) and written with one ``INSERT ... VALUES ... RETURNING id`` per 2,000
+    tasks (bulk_create prepares every instance: ~10x slower for a 1,000-task array). Elsewhere
+    bulk_create.
+    """
+    if connection.vendor != "postgresql":
+        values = {f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields if not f.primary_key}
+        tasks = [Job(**{**values, "array_index": i}) for i in indices]
+        return [t.pk for t in Job.objects.bulk_create(tasks, batch_size=500)]
+    from psycopg2.extras import execute_values
+
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    at = fields.index(Job._meta.get_field("array_index"))
+    for f in fields:
+        if getattr(f, "auto_now_add", False) and getattr(template, f.attname) is None:
+            setattr(template, f.attname, timezone.now())
+    row = [f.get_db_prep_save(getattr(template, f.attname), connection) for f in fields]
+    rows = [(*row[:at], index, *row[at + 1 :]) for index in indices]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    sql = f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({columns}) VALUES %s RETURNING id"
+    with connection.cursor() as cursor:
+        return [r[0] for r in execute_values(cursor.cursor, sql, rows, page_size=2000, fetch=True)]
 
 
 @dataclass(frozen=True)

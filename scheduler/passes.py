@@ -7,13 +7,13 @@ Passes are asked for on submit/finish events (:func:`pass_request`) and run
 every few seconds by beat. A trigger that arrives while a pass is already
 queued is folded into it; the flag is cleared when the queued pass starts,
 before it reads anything, so a trigger is never lost. Passes are also paced:
-a trigger that arrives while a pass runs asks for the next one after this one's
-expected end plus a rest as long as its time beyond 50 ms (:func:`pace_ms`, at
-most 1 s after its start), so a stream of triggers over a long queue (a burst
-of submits, exits streaming in) gets passes that take at most about half the
-time, instead of passes back to back taking a core from the requests that
-trigger them. A trigger that arrives between passes (a lone submit on a quiet
-cluster) starts a pass at once, and short passes follow each other at once.
+a trigger that arrives while a pass runs, or soon after, asks for the next one
+at the pace (:func:`pace_ms`: four times the last pass's duration after its
+start, at most 1 s), so a stream of triggers (a
+burst of submits, exits streaming in) gets passes that take at most a quarter
+of a worker's time, instead of passes back to back taking a core from the
+requests that trigger them. A trigger on a quiet cluster starts a pass at once
+(its last pass took a few ms, so the pace is over before anyone could notice).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ PASS_FLAG_KEY = "gpushare:scheduler:pass-queued"
 PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it anyway
 PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when the next may start
 PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
-PACE_FREE_MS = 50  # a pass shorter than this is followed at once (an idle cluster's passes)
+PACE_DUTY = 4  # a pass may start this many times its duration after the previous one started
 PACE_MAX_MS = 1000
 ESTIMATE_SLACK = timedelta(seconds=30)  # estimated starts move less than this are not rewritten
 
@@ -74,10 +74,10 @@ def _redis():
 
 
 def pace_ms(last_ms: int) -> int:
-    """How long after a pass starts the next may start, given the last pass's duration: its end, then a
-    rest as long as its time beyond ``PACE_FREE_MS`` (so long passes take at most about half the time)."""
-    last_ms = max(0, last_ms)
-    return min(last_ms + max(0, last_ms - PACE_FREE_MS), PACE_MAX_MS)
+    """How long after a pass starts the next may start, given the last pass's duration: ``PACE_DUTY``
+    times it (so while triggers stream in, passes take at most a quarter of a worker's time, however
+    short each is), at most ``PACE_MAX_MS``. An idle cluster's passes take a few ms: no wait to see."""
+    return min(max(0, last_ms) * PACE_DUTY, PACE_MAX_MS)
 
 
 def pass_request() -> None:
@@ -115,12 +115,20 @@ def pass_started() -> None:
 
 
 def pass_finished(seconds: float) -> None:
-    """Remember how long the pass took (the pace of the next ones); a trigger from now on needs no wait."""
+    """Remember how long the pass took (the pace of the next ones); a trigger from now on waits until
+    ``pace_ms`` of this pass has passed since it started (none at all after a pass of a few ms)."""
     client = _redis()
     if client is not None:
+        ms = int(seconds * 1000)
+        rest_ms = pace_ms(ms) - ms
         try:
             with client.pipeline(transaction=False) as pipe:
-                pipe.set(PASS_LAST_MS_KEY, int(seconds * 1000), ex=3600).delete(PASS_PACE_KEY).execute()
+                pipe.set(PASS_LAST_MS_KEY, ms, ex=3600)
+                if rest_ms > 0:
+                    pipe.set(PASS_PACE_KEY, "1", px=rest_ms)
+                else:
+                    pipe.delete(PASS_PACE_KEY)
+                pipe.execute()
         except redis.RedisError:
             log.warning("could not record the scheduling pass duration", exc_info=True)
 

@@ -91,12 +91,12 @@ def _array_filter(request):
 
 @tenant_page(action="jobs.cancel")
 @require_POST
-def job_array_cancel(request, pk: int):
+def job_array_cancel(request, jobarray_id: int):
     """Cancel every unfinished task of an array (queued at once, running gracefully)."""
     from scheduler.array_services import job_array_cancel as cancel
     from scheduler.models import JobArray
 
-    array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=pk)
+    array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=jobarray_id)
     if not request.portal.may_act_on("jobs.cancel", owner_id=array.submitted_by_id):
         return page(request, "portal/forbidden.html", {"why": "Your role cancels only your own jobs."}, status=403)
     stopped = cancel(array=array, actor=request.user)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from scheduler import passes
@@ -32,32 +34,34 @@ def test_triggers_fold_into_the_queued_pass_until_it_starts(enqueued):
     assert enqueued == [0, 0]
 
 
-def test_a_trigger_during_a_long_pass_waits_for_its_end_and_a_rest(enqueued):
+def test_a_trigger_during_a_long_pass_waits_for_the_pace(enqueued):
     passes.pass_started()
-    passes.pass_finished(0.4)  # a slow pass over a long queue
-    passes.pass_started()  # the next one starts: a pass asked for now starts 0.4 + 0.35 s after it
+    passes.pass_finished(0.2)  # a slow pass over a long queue
+    passes.pass_started()  # the next one starts: a pass asked for now starts 4 x 0.2 s after it
     passes.pass_request()
     passes.pass_request()
     assert len(enqueued) == 1
-    assert 0.55 < enqueued[0] <= 0.75
+    assert 0.7 < enqueued[0] <= 0.8
 
 
-def test_a_trigger_between_passes_starts_one_at_once(enqueued):
+def test_a_trigger_soon_after_a_pass_waits_for_the_rest_of_its_pace(enqueued):
+    """A stream of submits between short passes: passes stay at most a quarter of the worker's time."""
     passes.pass_started()
-    passes.pass_finished(0.4)
-    passes.pass_request()  # a lone submit after the pass ended
-    assert enqueued == [0]
-
-
-def test_a_short_pass_is_followed_without_a_rest(enqueued):
-    passes.pass_finished(0.02)
-    passes.pass_started()
+    passes.pass_finished(0.04)  # 40 ms: the next may start 160 ms after this one started
     passes.pass_request()
-    assert len(enqueued) == 1 and enqueued[0] <= 0.02
+    assert len(enqueued) == 1 and 0.1 < enqueued[0] <= 0.12
+
+
+def test_a_trigger_on_a_quiet_cluster_starts_a_pass_at_once(enqueued):
+    passes.pass_started()
+    passes.pass_finished(0.003)  # an idle cluster's pass: 3 ms, its pace over after 12 ms
+    time.sleep(0.02)
+    passes.pass_request()
+    assert enqueued == [0]
 
 
 def test_the_pace():
     assert passes.pace_ms(0) == 0
-    assert passes.pace_ms(30) == 30  # short: the next right after it
-    assert passes.pace_ms(250) == 450  # long: a rest of 200 ms after it
+    assert passes.pace_ms(5) == 20  # an idle cluster's pass: nothing to notice
+    assert passes.pace_ms(40) == 160  # a quarter of the worker's time at most
     assert passes.pace_ms(5_000) == passes.PACE_MAX_MS == 1000
