@@ -1,5 +1,7 @@
 """Gateway overhead: p50/p99 added latency of the endpoint gateway against
-calling a replica directly, at 100 concurrent requests.
+calling a replica directly, at 100 concurrent requests and at a fixed 500 req/s
+(open loop). The gateway runs in a process of its own (as deployed), not in the
+load generator's event loop.
 
     python -m bench.endpoints_gateway [--quick]
 
@@ -92,7 +94,9 @@ async def _fixed_rate(url: str, *, rate: float, seconds: float, method: str, hea
                                  connections=256)  # fmt: skip
 
 
-async def measure(*, requests: int, concurrency: int) -> dict:
+def serve_static(gateway_port: int, replica_port: int) -> None:
+    """The real gateway app in a process of its own (as deployed: uvloop, its own core), with its
+    routing table and token check fixed in memory: ``python -m bench.endpoints_gateway --serve ...``."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
     import django
 
@@ -100,32 +104,54 @@ async def measure(*, requests: int, concurrency: int) -> dict:
     from endpoints import gateway as gw
     from endpoints.selectors import EndpointRoute, Route
 
+    route = EndpointRoute(1, 1, "bench", "echo", "/health", 1, 60, (Route(1, "127.0.0.1", replica_port, "ready", 1),))
+
+    class StaticGateway(gw.Gateway):
+        async def refresh(self):
+            self.table = {("bench", "echo"): route}
+
+        async def health_check(self):
+            pass
+
+        async def report(self):
+            pass
+
+        async def principal(self, plaintext, tenant_slug):
+            return None
+
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    web.run_app(gw.make_app(StaticGateway(refresh_s=1.0)), host="127.0.0.1", port=gateway_port, access_log=None,
+                print=None)  # fmt: skip
+
+
+async def _wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+async def measure(*, requests: int, concurrency: int) -> dict:
     replica_port, gateway_port = free_port(), free_port()
     replica = subprocess.Popen(
         [sys.executable, str(MODEL_SERVER)], env={**os.environ, "PORT": str(replica_port), "SLEEP_S": "0"}
     )
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "bench.endpoints_gateway", "--serve", str(gateway_port), str(replica_port)], cwd=ROOT
+    )
     try:
-        route = EndpointRoute(
-            1, 1, "bench", "echo", "/health", 1, 60, (Route(1, "127.0.0.1", replica_port, "ready", 1),)
-        )
-
-        class StaticGateway(gw.Gateway):
-            async def refresh(self):
-                self.table = {("bench", "echo"): route}
-
-            async def health_check(self):
-                pass
-
-            async def report(self):
-                pass
-
-            async def principal(self, plaintext, tenant_slug):
-                return None
-
-        app = gw.make_app(StaticGateway(refresh_s=1.0))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", gateway_port).start()
+        await _wait_port(replica_port)
+        await _wait_port(gateway_port)
         await asyncio.sleep(1.0)
         headers = {"Authorization": "Bearer bench"}
         direct_url = f"http://127.0.0.1:{replica_port}/predict"
@@ -140,10 +166,10 @@ async def measure(*, requests: int, concurrency: int) -> dict:
         for name, url in (("direct", direct_url), ("gateway", via_url)):
             fixed[name] = await _fixed_rate(url, rate=FIXED_RATE, seconds=FIXED_SECONDS, method="POST",
                                             headers=headers)  # fmt: skip
-        await runner.cleanup()
     finally:
-        replica.terminate()
-        replica.wait(timeout=10)
+        for proc in (gateway, replica):
+            proc.terminate()
+            proc.wait(timeout=10)
     median = sorted(runs, key=lambda r: r[1]["p50_ms"] - r[0]["p50_ms"])[len(runs) // 2]
     direct, via = median
     return {
@@ -242,6 +268,10 @@ def run(quick: bool = False) -> dict:
 
 
 def main() -> None:
+    if "--serve" in sys.argv:
+        at = sys.argv.index("--serve")
+        serve_static(int(sys.argv[at + 1]), int(sys.argv[at + 2]))
+        return
     if "--cold-start" in sys.argv:
         print(json.dumps(cold_start(runs=int(sys.argv[sys.argv.index("--cold-start") + 1]))))
         return

@@ -172,6 +172,14 @@ class JobArraySerializer(serializers.ModelSerializer):
         return f"/api/v1/jobs/?array={array.pk}"
 
 
+_DATETIME = serializers.DateTimeField()
+
+
+def _iso(value):
+    """A datetime as DRF renders it (UTC, ISO 8601 with Z), or None."""
+    return None if value is None else _DATETIME.to_representation(value)
+
+
 class JobSerializer(serializers.ModelSerializer):
     """The job as the API shows it. ``queue_positions`` in the context (job id -> position) saves a query per job;
     ``gpu_uuids`` (job id -> uuids) saves reading the allocations of a job known to hold none."""
@@ -220,6 +228,44 @@ class JobSerializer(serializers.ModelSerializer):
             "usage",
         ]
         read_only_fields = fields
+
+    def to_representation(self, job: Job) -> dict:
+        """The same dict as DRF's field-by-field rendering (``fields_representation``; a test compares them on
+        jobs in every state), built directly: DRF's generic path cost ~0.3 ms a job, most of a list page."""
+        node = job.node.name if job.node_id is not None else None
+        return {
+            "id": job.pk,
+            "array": self.get_array(job),
+            "name": job.name,
+            "kind": job.kind,
+            "gpus": self.get_gpus(job),
+            "mode": job.mode,
+            "state": job.state,
+            "pending_reason": job.pending_reason,
+            "queue_position": self.get_queue_position(job),
+            "estimated_start": _iso(job.estimated_start_at),
+            "priority": job.priority.name,
+            "node": node,
+            "gpu_uuids": self.get_gpu_uuids(job),
+            "isolation": job.isolation or None,
+            "command": job.command,
+            "image": job.image,
+            "gpu_model": job.gpu_model,
+            "gpu_memory_mb": job.gpu_memory_mb,
+            "max_runtime_seconds": job.max_runtime_s,
+            "submitted_at": _iso(job.submitted_at),
+            "started_at": _iso(job.started_at),
+            "finished_at": _iso(job.finished_at),
+            "exit_code": job.exit_code,
+            "stop_reason": job.stop_reason,
+            "preemption_count": job.preemption_count,
+            "cost": self.get_cost(job),
+            "usage": self.get_usage(job),
+        }
+
+    def fields_representation(self, job: Job) -> dict:
+        """DRF's own rendering, field by field (the reference the fast path is tested against)."""
+        return super().to_representation(job)
 
     @extend_schema_field(JobArrayRefSerializer(allow_null=True))
     def get_array(self, job: Job) -> dict | None:

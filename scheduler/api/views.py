@@ -23,11 +23,11 @@ from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 from gpushare.pagination import KeysetPagination
 
 from .. import services
-from ..models import TERMINAL_STATES, Job
+from ..models import TERMINAL_STATES, Job, JobState
 from ..selectors import job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
-from .selectors import job_metric_series, with_api_fields
+from .selectors import job_metric_series, queue_positions_ranked, with_api_fields
 from .serializers import (
     JobArraySerializer,
     JobCreateSerializer,
@@ -76,7 +76,14 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view's shape
             return Job.objects.none()
         # One query for a page or a job: queue position and GPUs are computed in it (no per-row query).
-        return with_api_fields(jobs_for_tenant(tenant=self.tenant))
+        return with_api_fields(jobs_for_tenant(tenant=self.tenant), queue_position=self.action != "list")
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        # Queued jobs on the page: their positions from one ranking of the queue (none: no query).
+        positions = queue_positions_ranked(job_ids=[job.pk for job in page if job.state == JobState.QUEUED])
+        context = {**self.get_serializer_context(), "queue_positions": positions}
+        return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
 
     @extend_schema(
         summary="Submit a job",
