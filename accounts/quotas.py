@@ -172,10 +172,36 @@ def month_bounds_ms(now: datetime | None = None) -> tuple[int, int]:
 
 @scopes_disabled()
 def limits_for(tenant: Tenant) -> Limits:
-    quota = TenantQuota.objects.select_related("plan").filter(tenant_id=tenant.pk).first()
-    plan = quota.plan if quota and quota.plan_id else None
-    default = Plan.objects.filter(name=DEFAULT_PLAN).first()
-    return limits_merge(quota, plan, default)
+    """The tenant's quota, its plan and the default plan, in one query (on every submit)."""
+    names = [f.name for f in fields(Limits)]
+    layers = ("q", "p", "d")
+    columns = (
+        ", ".join(f"{alias}.id" for alias in layers)
+        + ", "
+        + ", ".join(f"{alias}.{name}" for alias in layers for name in names)
+    )
+    quota_table, plan_table = TenantQuota._meta.db_table, Plan._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT {columns} FROM (SELECT 1 AS one) one
+                LEFT JOIN {quota_table} q ON q.tenant_id = %s
+                LEFT JOIN {plan_table} p ON p.id = q.plan_id
+                LEFT JOIN {plan_table} d ON d.name = %s""",
+            [tenant.pk, DEFAULT_PLAN],
+        )
+        row = cursor.fetchone()
+    found = []
+    for i in range(len(layers)):
+        values = row[len(layers) + i * len(names) : len(layers) + (i + 1) * len(names)]
+        found.append(dict(zip(names, values, strict=True)) if row[i] is not None else None)
+    return limits_merge(*(_Layer(layer) if layer else None for layer in found))
+
+
+class _Layer:
+    """A row's limit columns as attributes (what limits_merge reads)."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
 
 
 @scopes_disabled()

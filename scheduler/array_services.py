@@ -19,7 +19,7 @@ from accounts.models import Tenant
 from .arrays import ArraySpec
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
-from .services import JobError, JobSpec, _default_max_runtime_s, job_cancel, job_checked, schedule_soon
+from .services import JobError, JobSpec, job_cancel, job_checked, schedule_soon
 
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
 
@@ -57,7 +57,7 @@ def job_array_submit(
             "gpu_model": spec.gpu_model,
             "gpu_memory_mb": spec.gpu_memory_mb,
             "priority": priority,
-            "max_runtime_s": spec.max_runtime_s or _default_max_runtime_s(),
+            "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
             "pending_reason": "waiting for the next scheduling pass",
             "submitted_at": now,
         }

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -72,14 +73,28 @@ class JobSpec:
 
 
 def priority_for(*, kind: str, name: str = "") -> PriorityClass:
+    """The class named ``name``, else the highest class that is the default for ``kind``, else the lowest
+    class. One query; it also carries ``default_max_runtime_s``, the scheduler settings' default runtime."""
+    from django.db.models import Case, IntegerField, Subquery, Value, When
+    from django.db.models.functions import Coalesce
+
+    from .models import SchedulerSettings
+
+    runtime = SchedulerSettings.objects.filter(pk=1).values("default_max_runtime_s")[:1]
+    classes = PriorityClass.objects.annotate(
+        default_max_runtime_s=Coalesce(
+            Subquery(runtime), Value(settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"]), output_field=IntegerField()
+        )
+    )
     if name:
-        found = PriorityClass.objects.filter(name=name).first()
+        found = classes.filter(name=name).first()
         if found is None:
             known = ", ".join(PriorityClass.objects.values_list("name", flat=True)) or "none defined"
             raise JobError(f"unknown priority class '{name}' (known: {known})", field="priority")
         return found
-    found = PriorityClass.objects.filter(default_for_kind=kind).order_by("-rank").first()
-    found = found or PriorityClass.objects.order_by("rank").first()
+    is_default = Case(When(default_for_kind=kind, then=Value(0)), default=Value(1))
+    rank_key = Case(When(default_for_kind=kind, then=-F("rank")), default=F("rank"))
+    found = classes.order_by(is_default, rank_key).first()
     if found is None:
         raise JobError("the operator has not defined any priority class yet", code="conflict")
     return found
@@ -110,12 +125,6 @@ def schedule_soon() -> None:
     from .passes import pass_request
 
     transaction.on_commit(pass_request)
-
-
-def _default_max_runtime_s() -> int:
-    from .passes import settings_get
-
-    return settings_get().default_max_runtime_s
 
 
 def admission_check(*, tenant: Tenant, mode: str, gpu_milli: int, count: int = 1) -> None:
@@ -170,7 +179,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             gpu_model=spec.gpu_model,
             gpu_memory_mb=spec.gpu_memory_mb,
             priority=priority,
-            max_runtime_s=spec.max_runtime_s or _default_max_runtime_s(),
+            max_runtime_s=spec.max_runtime_s or priority.default_max_runtime_s,
             pending_reason="waiting for the next scheduling pass",
         )
         JobEvent.objects.create(tenant=tenant, job=job, to_state=JobState.QUEUED, detail="submitted")

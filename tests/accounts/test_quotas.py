@@ -199,23 +199,23 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
 
 
 def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
-    """Share-lock the tenant, read quota+plan, the default plan, take the open-jobs lock, count open jobs,
-    the month's cached totals, sum the windows after them: 7 queries, however many jobs and usage windows
-    the tenant has."""
+    """Share-lock the tenant, read quota, plan and the default plan (one query), take the open-jobs lock,
+    count open jobs, the month's cached totals, sum the windows after them: 6 queries, however many jobs
+    and usage windows the tenant has."""
     quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
     for _ in range(5):
         usage_add(tenant, amount="1.00", job=submit(tenant))
-    with django_assert_num_queries(7):
+    with django_assert_num_queries(6):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
 def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries):
-    """No max_open_jobs and no budget: share-lock the tenant, read quota+plan and the default plan; no count,
-    no per-tenant lock, no usage."""
+    """No max_open_jobs and no budget: share-lock the tenant, read quota, plan and the default plan (one
+    query); no count, no per-tenant lock, no usage."""
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4)
     for _ in range(5):
         submit(tenant)
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(2):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
