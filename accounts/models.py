@@ -149,6 +149,9 @@ class Invitation(models.Model):
     accepted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # Only the invited address may accept, unless an owner said anyone with the link may
+    # (e.g. an address that forwards to a colleague's account); recorded in the audit log.
+    any_address = models.BooleanField(default=False)
 
     objects = ScopedManager(tenant="tenant")
 

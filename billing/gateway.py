@@ -60,6 +60,8 @@ class StripeEventData:
     object_id: str
     metadata: dict
     payload: dict
+    amount_paid_cents: int | None = None  # invoice events: what Stripe says was paid
+    currency: str = ""
 
 
 class GatewayError(Exception):
@@ -243,10 +245,13 @@ def event_verify(*, payload: bytes, signature: str, secret: str) -> StripeEventD
     if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
         raise SignatureError("not a Stripe event")
     data = (event.get("data") or {}).get("object") or {}
+    amount_paid = data.get("amount_paid")
     return StripeEventData(
         id=event["id"],
         type=event["type"],
         object_id=str(data.get("id") or ""),
         metadata=dict(data.get("metadata") or {}),
         payload=event,
+        amount_paid_cents=amount_paid if isinstance(amount_paid, int) and not isinstance(amount_paid, bool) else None,
+        currency=str(data.get("currency") or "").lower(),
     )

@@ -18,7 +18,7 @@ from django_scopes import scopes_disabled
 from accounts.permissions import role_allows, role_for
 
 from . import gateway, selectors
-from .services.payments import stripe_event_apply
+from .services.payments import PaymentMismatch, stripe_event_apply
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,10 @@ def stripe_webhook(request):
     except gateway.SignatureError as exc:
         log.warning("stripe webhook with a bad signature rejected: %s", exc)
         return HttpResponseBadRequest("invalid Stripe-Signature", content_type="text/plain")
-    applied = stripe_event_apply(event=event)
+    try:
+        applied = stripe_event_apply(event=event)
+    except PaymentMismatch as exc:
+        return HttpResponseBadRequest(f"refused: {exc}", content_type="text/plain")
     return HttpResponse("ok" if applied else "replay ignored", content_type="text/plain")
 
 

@@ -400,7 +400,11 @@ def error(status: int, code: str, message: str, *, retry_after: int | None = Non
 
 
 def make_app(gateway: Gateway) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+    from .gateway_metrics import GatewayMetrics, ops_routes
+
+    metrics = GatewayMetrics(gateway)  # requests, errors, latency, in flight, replicas (gateway_metrics.py)
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[metrics.middleware])
+    ops_routes(app, gateway, metrics)
 
     async def start(app):
         # Persistent upstream connections, no pool cap (aiohttp's default of 100 queued the 101st request).
@@ -432,10 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
     import django
 
-    django.setup()
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    django.setup()  # also configures logging from settings.LOGGING: JSON lines in production
     try:  # uvloop's event loop when installed (requirements.txt): cheaper per request than asyncio's
         import uvloop
 

@@ -1,11 +1,17 @@
 """The platform's Celery application (web, worker and beat share it)."""
 
 import os
+import tempfile
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
+# A worker or beat that serves metrics (GPUSHARE_METRICS_PORT) counts its pool's tasks in
+# files the scrape adds up (prometheus-client's multiprocess mode): the directory must be
+# chosen before prometheus_client is first imported, and be fresh for each start.
+if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpushare-metrics-")
 
 app = Celery("gpushare")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -28,3 +34,21 @@ def _connections_tidy(**_kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+# Production running: logging, task metrics and log context, heartbeat and ops server
+# (gpushare/observability/worker.py says what each does).
+def _observability_connect() -> None:
+    from celery import signals
+
+    from gpushare.observability import worker as ops
+
+    signals.setup_logging.connect(ops.logging_setup, weak=False)
+    signals.task_prerun.connect(ops.task_prerun, weak=False)
+    signals.task_postrun.connect(ops.task_postrun, weak=False)
+    signals.worker_ready.connect(ops.worker_ready, weak=False)
+    signals.worker_shutting_down.connect(ops.worker_shutting_down, weak=False)
+    signals.beat_init.connect(ops.beat_init, weak=False)
+
+
+_observability_connect()

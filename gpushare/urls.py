@@ -1,6 +1,11 @@
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
+
+# Redoc and Swagger UI inject their own <style> elements and run workers from blob: URLs;
+# only their two pages get that (Swagger's init script is a file: the "split" view).
+docs_csp = csp_update({"style-src": ["'unsafe-inline'"], "worker-src": ["blob:"], "img-src": ["blob:"]})
 
 # /api/ paths answer Django-level errors in the API's error shape (gpushare/api.py).
 handler400 = "gpushare.api.bad_request"
@@ -18,7 +23,7 @@ urlpatterns = [
     path("api/v1/", include("endpoints.api.urls")),
     path("billing/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
-    path("api/docs/try/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-try"),
+    path("api/docs/", docs_csp(SpectacularRedocView.as_view(url_name="schema")), name="api-docs"),
+    path("api/docs/try/", docs_csp(SpectacularSwaggerSplitView.as_view(url_name="schema")), name="api-docs-try"),
     path("", include("portal.urls")),
 ]

@@ -226,6 +226,11 @@ def cli_for(body: dict, *, base_url: str) -> str:
 class InviteForm(forms.Form):
     email = forms.EmailField(label="Email", help_text="They get a one-time link, valid for a few days.")
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label="Role")
+    any_address = forms.BooleanField(
+        required=False,
+        label="Any address may accept",
+        help_text="Owners only: whoever signs in with the link joins, not only this address's account.",
+    )
 
 
 class RoleForm(forms.Form):

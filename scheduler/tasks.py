@@ -2,6 +2,8 @@
 
 from celery import shared_task
 
+from gpushare.observability.metrics import scheduler_pass_observe
+
 from . import passes, services
 
 
@@ -10,6 +12,7 @@ def schedule_pass_task() -> dict:
     passes.pass_started()
     result = services.schedule_pass()
     passes.pass_finished(result.seconds)
+    scheduler_pass_observe(result)  # duration and placements (gpushare/observability/metrics.py)
     return {"placed": result.placed, "pending": result.pending}
 
 

@@ -29,15 +29,21 @@ class IssuedInvitation:
 
 @transaction.atomic
 def member_invite(
-    *, tenant: Tenant, actor, email: str, role: str = Role.MEMBER, accept_url: str = ""
+    *, tenant: Tenant, actor, email: str, role: str = Role.MEMBER, accept_url: str = "", any_address: bool = False
 ) -> IssuedInvitation:
-    """Invite ``email`` to ``tenant`` with ``role``; sends a one-time link (``accept_url`` + the secret)."""
+    """Invite ``email`` to ``tenant`` with ``role``; sends a one-time link (``accept_url`` + the secret).
+
+    The link is accepted only by ``email``'s account (or by creating it), unless an owner
+    passes ``any_address=True``: then any signed-in user holding the link may.
+    """
     from django.core.mail import send_mail
 
     actor_role = _require(actor=actor, tenant=tenant, action="members.manage")
     if role not in Role.values:
         raise AccountsError(f"unknown role {role!r}; allowed: {', '.join(Role.values)}")
     _owner_guard(actor_role=actor_role, role=role)
+    if any_address and actor_role != Role.OWNER:
+        raise AccountsError("only an owner may let an invitation be accepted by another address", code="forbidden")
     email = get_user_model().objects.normalize_email(email).strip().lower()
     with scopes_disabled():
         if Membership.objects.filter(tenant=tenant, user__username__iexact=email).exists():
@@ -50,8 +56,15 @@ def member_invite(
             token_hash=token_hash(plaintext),
             invited_by=actor if getattr(actor, "pk", None) else None,
             expires_at=timezone.now() + timedelta(days=INVITE_VALID_DAYS),
+            any_address=any_address,
         )
-    audit_record(actor=actor, tenant=tenant, action="member.invite", target=email, after={"role": role})
+    audit_record(
+        actor=actor,
+        tenant=tenant,
+        action="member.invite",
+        target=email,
+        after={"role": role, **({"any_address": True} if any_address else {})},
+    )
     link = invite_link(plaintext, accept_url=accept_url)
     transaction.on_commit(
         lambda: send_mail(
@@ -109,6 +122,12 @@ def invite_accept(*, plaintext: str, user=None, password: str | None = None) -> 
             user = user_model(username=invitation.email, email=invitation.email)
             user.set_password(password)
             user.save()
+        elif not invitation.any_address and not _is_invited(user, invitation.email):
+            raise AccountsError(
+                f"this invitation is for {invitation.email}; you are signed in as {user.username}. "
+                "Log in with that address, or ask an owner to invite your own",
+                code="forbidden",
+            )
         membership, created = Membership.objects.get_or_create(
             tenant=invitation.tenant, user=user, defaults={"role": invitation.role}
         )
@@ -125,6 +144,12 @@ def invite_accept(*, plaintext: str, user=None, password: str | None = None) -> 
         after={"role": membership.role},
     )
     return membership
+
+
+def _is_invited(user, email: str) -> bool:
+    """The signed-in user's address is the invited one (username and email are both addresses here)."""
+    email = email.strip().lower()
+    return email in {(user.username or "").strip().lower(), (user.email or "").strip().lower()}
 
 
 def _owners_left(tenant: Tenant, *, excluding: Membership) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from .address import address_valid
 from .gpus import SimBackend
 from .jobs import DEFAULT_ENV_ALLOW
+from .logs import logging_setup
 
 log = logging.getLogger("gpushare.agent")
 
@@ -35,6 +36,9 @@ class AgentConfig:
     cgroup_root: str = ""  # "", "off", "auto" or a cgroup v2 directory: one cgroup per job
     docker: str = "docker"  # the docker CLI used for jobs that name an image
     advertise_address: str = ""  # where the gateway reaches this node's replicas; "": detected at registration
+    metrics_port: int = 0  # /healthz /readyz /metrics (agents/agent/metrics.py); 0: off
+    metrics_address: str = "127.0.0.1"
+    metrics_token: str = ""
 
     @property
     def state_dir(self) -> Path:
@@ -107,8 +111,16 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         "(default: this host's address on its route to the broker)",
     )
     parser.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-format", choices=["plain", "json"], default=env.get("LOG_FORMAT", "plain"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env.get("GPUSHARE_AGENT_METRICS_PORT", "0")),
+        help="serve /healthz, /readyz and /metrics (dcgm-exporter names) on this port; 0: off",
+    )
+    parser.add_argument("--metrics-address", default=env.get("GPUSHARE_AGENT_METRICS_ADDR", "127.0.0.1"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging_setup(level=args.log_level, fmt=args.log_format, node=args.node)
     if args.token_file:
         try:
             args.token = Path(args.token_file).read_text().strip()
@@ -140,4 +152,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         run_as=args.run_as,
         cgroup_root=args.cgroup_root,
         advertise_address=args.advertise_address,
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+        metrics_token=env.get("GPUSHARE_METRICS_TOKEN", ""),  # never on argv
     )

@@ -28,6 +28,7 @@ from .gpus import JobProcesses
 from .health import event_describe, event_is_application_error, event_takes_gpu_out
 from .jobs import LaunchSpec, RunningJob, docker_available, launch, now_ms, process_groups
 from .meter import JobMeter, split_energy
+from .metrics import AgentMetrics
 from .spool import Spool
 from .transport import BrokerLink, Command
 
@@ -60,6 +61,7 @@ class Agent:
         self.cgroup_root = cgroup_root(config.cgroup_root)
         self.jobs_dir = config.state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = AgentMetrics(self)  # Prometheus, /healthz, /readyz (metrics.py)
 
     @staticmethod
     def _run_as(user: str) -> tuple[int, int] | None:
@@ -84,6 +86,7 @@ class Agent:
             self.link.url.split("@")[-1],
             info["address"],
         )
+        self.metrics.serve()
         next_tick = time.monotonic()
         while not self.stopping:
             self.step(until=next_tick)
@@ -150,6 +153,7 @@ class Agent:
             self.ensure_connected()
             self.flush()
             time.sleep(0.2)
+        self.metrics.stop()
         self.link.disconnect()
         self.backend.close()
         self.spool.close()
@@ -437,6 +441,7 @@ class Agent:
             self.ship_logs(job)
             self._enforce_memory(job, use)
         self.last_metrics = {uuid: s.metrics() for uuid, s in samples.items()}
+        self.metrics.observe(samples=samples, running=running, energy_mj=energy_by_job)
         for uuid, sample in samples.items():
             for event in sample.health_events:
                 self.health_event(uuid, event)

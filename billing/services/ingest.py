@@ -19,6 +19,7 @@ from django_scopes import scopes_disabled
 from psycopg2.extras import execute_values
 
 from agents.models import Node
+from gpushare.observability.metrics import usage_ingest_observe
 from scheduler.models import Allocation, Job
 
 from .. import rating
@@ -139,7 +140,9 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     if accepted:
         _rows_insert(accepted)
         _job_totals_add([row for row, _ in accepted])
-    return {"stored": len(accepted), "rejected": rejected, "replayed": replays}
+    outcome = {"stored": len(accepted), "rejected": rejected, "replayed": replays}
+    usage_ingest_observe(outcome=outcome, end_ms=[row.end_ms for row, _ in accepted])  # counts, ingest lag
+    return outcome
 
 
 class _Row(NamedTuple):

@@ -186,10 +186,49 @@ def dunning_check(*, at: datetime | None = None) -> list[int]:
 # --- webhook ----------------------------------------------------------------
 
 
+class PaymentMismatch(Exception):
+    """A Stripe payment event that does not match our invoice: refused, never applied."""
+
+
+def _payment_matches(invoice: Invoice, event: stripe_gateway.StripeEventData) -> str:
+    """Why the paid amount or currency differ from our invoice ("" when they match)."""
+    ours = int(invoice.total * 100)
+    if event.currency != invoice.currency.lower():
+        return f"currency {event.currency or '(none)'} instead of {invoice.currency.lower()}"
+    if event.amount_paid_cents != ours:
+        shown = "(none)" if event.amount_paid_cents is None else event.amount_paid_cents
+        return f"amount paid {shown} cents instead of {ours}"
+    return ""
+
+
 @scopes_disabled()
 @transaction.atomic
 def stripe_event_apply(*, event: stripe_gateway.StripeEventData) -> bool:
-    """Store a verified event and apply it; a replay (same event id) does nothing and returns False."""
+    """Store a verified event and apply it; a replay (same event id) does nothing and returns False.
+
+    A payment event (``invoice.paid``, ``invoice.payment_succeeded``) whose amount or
+    currency is not our invoice's raises ``PaymentMismatch`` before anything is stored:
+    the invoice stays unpaid, the error is logged and counted
+    (``gpushare_stripe_webhook_refused_total{reason="amount_mismatch"}``), and Stripe,
+    answered 400, shows the failed delivery and retries it (refused again each time).
+    """
+    if event.type in ("invoice.paid", "invoice.payment_succeeded"):
+        invoice = _invoice_for_event(event)
+        problem = _payment_matches(invoice, event) if invoice is not None else ""
+        if problem:
+            from gpushare.observability.metrics import STRIPE_REFUSED
+
+            STRIPE_REFUSED.labels("amount_mismatch").inc()
+            log.error(
+                "stripe %s %s for invoice %s (tenant %s) refused: %s; the invoice stays %s",
+                event.type,
+                event.id,
+                invoice.pk,
+                invoice.tenant_id,
+                problem,
+                invoice.state,
+            )
+            raise PaymentMismatch(f"invoice {invoice.pk}: {problem}")
     _, created = StripeEvent.objects.get_or_create(
         event_id=event.id, defaults={"type": event.type, "payload": event.payload}
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 import dj_database_url
 
 from agents.agent.brokerconf import PLATFORM_QUEUE, broker_options
+from gpushare.observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("GPUSHARE_VAR_DIR", BASE_DIR / "var"))
@@ -59,7 +60,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gpushare.observability.health.OpsEndpointsMiddleware",  # /healthz /readyz /metrics: before host checks
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "gpushare.observability.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -69,6 +74,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "gpushare.api.ApiBodyLimitMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     "axes.middleware.AxesMiddleware",  # keep last: turns a locked-out login into the lockout page
 ]
 
@@ -102,6 +108,8 @@ def database_from_url(url: str) -> dict:
             "timeout": 20,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
+    elif "postgresql" in config["ENGINE"]:
+        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)  # an unreachable server fails fast
     return config
 
 
@@ -202,6 +210,8 @@ CELERY_TASK_TIME_LIMIT = 110
 CELERY_TASK_SOFT_TIME_LIMIT = 100
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's default scheduler, noting each tick for beat's readiness probe.
+CELERY_BEAT_SCHEDULER = "gpushare.observability.worker:HeartbeatScheduler"
 CELERY_BEAT_SCHEDULE = {
     "scheduler-pass": {"task": "scheduler.pass", "schedule": 5.0},
     "agents-check-nodes": {"task": "agents.check_nodes", "schedule": 5.0},
@@ -228,6 +238,9 @@ GPUSHARE = {
     "LOST_JOB_POLICY": os.environ.get("GPUSHARE_LOST_JOB_POLICY", "requeue"),
     "DEFAULT_MAX_RUNTIME_S": int(os.environ.get("GPUSHARE_DEFAULT_MAX_RUNTIME_S", str(24 * 3600))),
     "STOP_GRACE_S": int(os.environ.get("GPUSHARE_STOP_GRACE_S", "30")),
+    # Bearer token Prometheus sends to /metrics (web, gateway, worker, beat, agent); blank: metrics off
+    # except on a DEBUG server's loopback (and the worker/beat/agent ports, which bind 127.0.0.1).
+    "METRICS_TOKEN": os.environ.get("GPUSHARE_METRICS_TOKEN", ""),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")
@@ -236,11 +249,33 @@ STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "whsec_local")
 # Set STRIPE_LOCALSTRIPE=1 when STRIPE_API_BASE points at localstripe (billing/gateway.py says why).
 STRIPE_LOCALSTRIPE = env_bool("STRIPE_LOCALSTRIPE", False)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+# Human lines by default; LOG_FORMAT=json (production's default) for one JSON object a line
+# with request id, tenant, job and node where known (gpushare/observability/logs.py).
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain")
+LOGGING = logging_config(
+    fmt=LOG_FORMAT,
+    level=os.environ.get("LOG_LEVEL", "INFO"),
+    periodic_tasks=[entry["task"] for entry in CELERY_BEAT_SCHEDULE.values()],
+)
+
+# --- Content security policy (django-csp) ------------------------------------------
+# Scripts, styles, images and connections only from our own origin: no inline
+# script, no eval, no framing, forms post only here. Inline style *attributes*
+# are allowed (style-src-attr): the portal sets meter widths and a few margins
+# with them, and they cannot run code; <style> elements stay forbidden. The API
+# docs (Redoc, Swagger UI) relax this on their own pages (gpushare/urls.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "style-src-attr": ["'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
 }

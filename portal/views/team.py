@@ -83,9 +83,11 @@ def member_invite(request):
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
                 accept_url=request.build_absolute_uri("/accounts/invite/"),
+                any_address=form.cleaned_data["any_address"],
             )
         except accounts_services.AccountsError as exc:
-            form.add_error("email" if exc.code == "conflict" else "role", str(exc))
+            field = "any_address" if "another address" in str(exc) else "role"
+            form.add_error("email" if exc.code == "conflict" else field, str(exc))
         else:
             messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
             return redirect("portal:team")

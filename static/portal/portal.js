@@ -2,6 +2,16 @@
 (function () {
   "use strict";
 
+  // --- no inline handlers (the content security policy forbids them):
+  // <form data-confirm="Really?"> asks before submitting; <button data-print> prints the page.
+  document.addEventListener("submit", function (event) {
+    var form = event.target.closest("form[data-confirm]");
+    if (form && !window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
+  }, true);
+  document.addEventListener("click", function (event) {
+    if (event.target.closest("[data-print]")) window.print();
+  });
+
   // --- copy buttons: <button data-copy="#element-id">
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");

@@ -115,7 +115,15 @@ def test_webhook_rejects_bad_signatures_and_ignores_replays(settings, fleet, ten
         "id": "evt_1",
         "object": "event",
         "type": "invoice.payment_succeeded",
-        "data": {"object": {"id": "in_123", "object": "invoice", "metadata": {"gpushare_invoice_id": str(invoice.pk)}}},
+        "data": {
+            "object": {
+                "id": "in_123",
+                "object": "invoice",
+                "amount_paid": 498,
+                "currency": "usd",
+                "metadata": {"gpushare_invoice_id": str(invoice.pk)},
+            }
+        },
     }
     body = json.dumps(event).encode()
     client = Client()

@@ -1,0 +1,48 @@
+"""gunicorn settings for the web: ``gunicorn -c python:gpushare.gunicorn_conf gpushare.wsgi``.
+
+Flags on the command line still win (``-b``, ``-w``). What this adds:
+- Prometheus multiprocess mode: every worker process writes its series into
+  one fresh directory (``PROMETHEUS_MULTIPROC_DIR``, chosen here, in the
+  master, before any worker starts) and ``/metrics`` adds them up, so a scrape
+  sees the whole server whichever worker answers; a dead worker's files are
+  marked so its live gauges drop out.
+- No access log: ``gpushare.request`` logs each request with its id, tenant,
+  status and duration, in the same format (JSON in production) as the rest.
+"""
+
+import os
+import shutil
+import tempfile
+
+bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
+workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
+threads = int(os.environ.get("GUNICORN_THREADS", "4"))
+accesslog = None
+# Probes and Prometheus must not wait behind a slow request for long.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
+graceful_timeout = 30
+
+
+_created = []
+
+
+def on_starting(server):
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:  # the operator's directory (e.g. an emptyDir): emptied, a previous run's files are stale
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path, exist_ok=True)
+    else:
+        path = tempfile.mkdtemp(prefix="gpushare-web-metrics-")
+        _created.append(path)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    for path in _created:
+        shutil.rmtree(path, ignore_errors=True)
