@@ -68,6 +68,15 @@ def _stop(proc: subprocess.Popen, timeout: float = 15) -> None:
 class WorkerProcess:
     proc: subprocess.Popen
     log_path: Path
+    ops_url: str = ""  # its /healthz /readyz /metrics (gpushare/observability/worker.py)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +86,8 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         env = process_env()
     name = f"worker-{uuid.uuid4().hex[:6]}"
+    ops_port = free_port()
+    env.update(GPUSHARE_METRICS_PORT=str(ops_port), GPUSHARE_HEARTBEAT_DIR=str(LOG_DIR / f"{name}-heartbeat"))
     proc, log_path = _spawn(
         name,
         [
@@ -103,7 +114,7 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     wait_for(lambda: b"ready." in log_path.read_bytes() or proc.poll() is not None, timeout=60, what="worker ready")
     if proc.poll() is not None:
         raise RuntimeError(f"celery worker exited: {log_path.read_text()[-3000:]}")
-    yield WorkerProcess(proc, log_path)
+    yield WorkerProcess(proc, log_path, ops_url=f"http://127.0.0.1:{ops_port}")
     _stop(proc)
 
 

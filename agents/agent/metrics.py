@@ -38,7 +38,7 @@ import threading
 import time
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from . import __version__
 from .health import XID
@@ -125,8 +125,9 @@ class AgentMetrics:
         free = gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
         power = gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")
         temp = gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")
-        energy_dev = CounterMetricFamily(
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", labels=GPU_LABELS
+        # A counter under dcgm-exporter's exact name (no ``_total``), as it exposes it.
+        energy_dev = Metric(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "counter"
         )
         xid_last = gauge("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
         xids = CounterMetricFamily(
@@ -145,7 +146,7 @@ class AgentMetrics:
             if sample.temperature_c is not None:
                 temp.add_metric(labels, sample.temperature_c)
             if sample.energy_mj is not None:
-                energy_dev.add_metric(labels, sample.energy_mj)
+                energy_dev.add_sample(energy_dev.name, dict(zip(GPU_LABELS, labels, strict=True)), sample.energy_mj)
             xid_last.add_metric(labels, last_xid.get(uuid, 0))
             for (xid_uuid, xid), count in sorted(xid_counts.items()):
                 if xid_uuid == uuid:
