@@ -8,6 +8,8 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 from rest_framework import authentication, exceptions
 
+from gpushare.observability.context import log_context_bind
+
 from . import principal_cache
 from .models import ApiToken, Membership
 from .services import token_hash
@@ -93,9 +95,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
         try:
-            return token_principal(parts[1])
+            user, principal = token_principal(parts[1])
         except TokenRejected as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from exc
+        log_context_bind(tenant=principal.tenant.slug)  # this request's log lines name the tenant
+        return user, principal
 
     def authenticate_header(self, request):
         return self.keyword

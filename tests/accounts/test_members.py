@@ -153,3 +153,45 @@ def test_invite_link_defaults_to_the_site_url(tenant, settings, django_capture_o
     with django_capture_on_commit_callbacks(execute=True):
         issued = member_invite(tenant=tenant, actor=owner, email="z@z.test")
     assert f"https://gpushare.example/accounts/invite/{issued.plaintext}/" in mail.outbox[0].body
+
+
+def test_an_invitation_is_accepted_only_by_the_invited_address(tenant):
+    owner = member_add(tenant, role=Role.OWNER)
+    invited = UserFactory(username="invited@x.test", email="invited@x.test")
+    stranger = UserFactory(username="stranger@x.test", email="stranger@x.test")
+    issued = member_invite(tenant=tenant, actor=owner, email="Invited@X.test")
+
+    with pytest.raises(AccountsError, match="this invitation is for invited@x.test") as refused:
+        invite_accept(plaintext=issued.plaintext, user=stranger)
+    assert refused.value.code == "forbidden"
+    with scopes_disabled():
+        assert not Membership.objects.filter(tenant=tenant, user=stranger).exists()
+        assert Invitation.objects.get(pk=issued.invitation.pk).accepted_at is None  # still usable by its owner
+    assert invite_accept(plaintext=issued.plaintext, user=invited).user == invited
+
+
+def test_an_owner_may_open_an_invitation_to_any_address_and_only_an_owner(tenant):
+    owner = member_add(tenant, role=Role.OWNER)
+    admin = member_add(tenant, role=Role.ADMIN)
+    with pytest.raises(AccountsError, match="only an owner") as refused:
+        member_invite(tenant=tenant, actor=admin, email="alias@x.test", any_address=True)
+    assert refused.value.code == "forbidden"
+
+    issued = member_invite(tenant=tenant, actor=owner, email="alias@x.test", any_address=True)
+    colleague = UserFactory(username="colleague@x.test", email="colleague@x.test")
+    assert invite_accept(plaintext=issued.plaintext, user=colleague).user == colleague
+    with scopes_disabled():
+        invite = AuditLog.objects.get(tenant=tenant, action="member.invite", target="alias@x.test")
+    assert invite.after == {"role": Role.MEMBER, "any_address": True}
+
+
+@pytest.mark.django_db
+def test_the_invite_page_refuses_a_signed_in_stranger(client, tenant):
+    owner = member_add(tenant, role=Role.OWNER)
+    stranger = UserFactory(username="stranger@x.test", email="stranger@x.test")
+    issued = member_invite(tenant=tenant, actor=owner, email="invited@x.test")
+    client.force_login(stranger)
+    response = client.post(f"/accounts/invite/{issued.plaintext}/", follow=True)
+    assert "this invitation is for invited@x.test" in response.content.decode()
+    with scopes_disabled():
+        assert not Membership.objects.filter(tenant=tenant, user=stranger).exists()

@@ -148,6 +148,51 @@ def test_webhook_rejects_bad_signatures_and_ignores_replays(settings, fleet, ten
     assert state_of(invoice).state == Invoice.State.OPEN  # the replay did not apply
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("event_type", "amount", "currency", "why"),
+    [
+        ("invoice.paid", 1, "usd", "amount paid 1 cents instead of 498"),
+        ("invoice.paid", 498, "eur", "currency eur instead of usd"),
+        ("invoice.payment_succeeded", 49800, "usd", "amount paid 49800 cents instead of 498"),
+        ("invoice.paid", None, "usd", "amount paid (none) cents instead of 498"),
+    ],
+)
+def test_a_paid_event_that_does_not_match_our_invoice_is_refused_loudly(
+    settings, fleet, tenant, caplog, event_type, amount, currency, why
+):
+    from gpushare.observability.metrics import STRIPE_REFUSED
+
+    invoice = march_invoice(fleet, tenant)
+    Invoice.objects.filter(pk=invoice.pk).update(state=Invoice.State.OPEN, stripe_invoice_id="in_mm")
+    data = {
+        "id": "in_mm",
+        "object": "invoice",
+        "currency": currency,
+        "metadata": {"gpushare_invoice_id": str(invoice.pk)},
+    }
+    if amount is not None:
+        data["amount_paid"] = amount
+    body = json.dumps(
+        {"id": f"evt_mm_{event_type}_{amount}_{currency}", "type": event_type, "data": {"object": data}}
+    ).encode()
+    refused_before = STRIPE_REFUSED.labels("amount_mismatch")._value.get()
+
+    response = Client().post(
+        "/billing/stripe/webhook/",
+        body,
+        content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=signed(body, settings.STRIPE_WEBHOOK_SECRET),
+    )
+
+    assert response.status_code == 400 and why in response.content.decode()
+    assert state_of(invoice).state == Invoice.State.OPEN  # not marked paid
+    assert not StripeEvent.objects.exists()  # not stored: Stripe's retry is refused again
+    assert STRIPE_REFUSED.labels("amount_mismatch")._value.get() == refused_before + 1
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "refused" in r.getMessage()]
+    assert errors and why in errors[0].getMessage() and f"invoice {invoice.pk}" in errors[0].getMessage()
+
+
 # --- real Stripe, recorded -------------------------------------------------------
 
 RECORDED = {
