@@ -16,6 +16,7 @@ def page_for(browser, live_server):
     (before it exists) puts a real session cookie for the user in the browser.
     """
     contexts = []
+    violations: list[str] = []  # every page is held to the content security policy (test_csp.py)
 
     def make(user, *, password: str | None = None, viewport=(1280, 900)):
         context = browser.new_context(base_url=live_server.url, viewport={"width": viewport[0], "height": viewport[1]})
@@ -23,6 +24,7 @@ def page_for(browser, live_server):
         contexts.append(context)
         page = context.new_page()
         page.on("console", lambda msg: msg.type == "error" and print("browser console:", msg.text))
+        page.on("console", lambda msg: "Content Security Policy" in msg.text and violations.append(msg.text))
         if user is not None and not _form_login(page, user, password):
             _cookie_login(context, user, live_server.url)
         return page
@@ -30,6 +32,7 @@ def page_for(browser, live_server):
     yield make
     for context in contexts:
         context.close()
+    assert not violations, f"content security policy violations: {violations}"
 
 
 def _form_login(page, user, password) -> bool:
