@@ -1,17 +1,26 @@
 """`make run`: migrate, seed the demo, and start every process the platform needs.
 
-Web server (gunicorn), Celery worker, Celery beat and one node agent on
-simulated GPUs, supervised by honcho; Ctrl-C stops them all. Embedded
-defaults (SQLite + kombu's filesystem broker under var/) unless DATABASE_URL
-and REDIS_URL are set.
+Web server (gunicorn), Celery worker, Celery beat, one node agent on
+simulated GPUs and the endpoint gateway, supervised by honcho; Ctrl-C stops
+them all. Embedded defaults (SQLite + kombu's filesystem broker under var/)
+unless DATABASE_URL and REDIS_URL are set.
+
+Once every process answers its readiness check (web, gateway, agent, worker
+and beat: ``/readyz`` on each one's port), it prints one line, "gpushare is
+ready at http://...", with the logins; periodic tasks stay quiet at the
+default log level (LOG_LEVEL=DEBUG shows them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +28,9 @@ BIN = Path(sys.executable).parent
 PORT = os.environ.get("PORT", "8000")
 GATEWAY_PORT = os.environ.get("GATEWAY_PORT", str(int(PORT) + 1))
 STRIPE_PORT = os.environ.get("LOCALSTRIPE_PORT", str(int(PORT) + 420))
+# Health and metrics ports of the processes that have no web server of their own (127.0.0.1 only).
+AGENT_OPS_PORT, WORKER_OPS_PORT, BEAT_OPS_PORT = (str(int(PORT) + n) for n in (2, 3, 4))
+READY_TIMEOUT_S = float(os.environ.get("GPUSHARE_READY_TIMEOUT_S", "300"))
 NODE = os.environ.get("GPUSHARE_DEMO_NODE", "sim-node-1")
 SIM_GPUS = os.environ.get("GPUSHARE_DEMO_GPUS", "sim:2xH100-80GB,2xL4-24GB")
 
@@ -53,10 +65,13 @@ def main() -> None:
     procfile.write_text(
         "\n".join(
             [
-                f"web: {BIN / 'gunicorn'} gpushare.wsgi -b 127.0.0.1:{PORT} -w 2 --threads 4 --access-logfile -",
-                f"worker: {BIN / 'celery'} -A gpushare worker -Q platform -c 2 -l info",
-                f"beat: {BIN / 'celery'} -A gpushare beat -l info -s {var / 'celerybeat-schedule'}",
-                f"agent: {python} -m agents --node {NODE} --gpus {SIM_GPUS} --var-dir {var}",
+                f"web: {BIN / 'gunicorn'} -c python:gpushare.gunicorn_conf gpushare.wsgi -b 127.0.0.1:{PORT} -w 2",
+                f"worker: GPUSHARE_METRICS_PORT={WORKER_OPS_PORT} {BIN / 'celery'} -A gpushare worker -Q platform -c 2"
+                " -l info --without-gossip --without-mingle",
+                f"beat: GPUSHARE_METRICS_PORT={BEAT_OPS_PORT} {BIN / 'celery'} -A gpushare beat -l info"
+                f" -s {var / 'celerybeat-schedule'}",
+                f"agent: {python} -m agents --node {NODE} --gpus {SIM_GPUS} --var-dir {var}"
+                f" --metrics-port {AGENT_OPS_PORT}",
                 f"gateway: {python} -m endpoints --port {GATEWAY_PORT}",
                 *([stripe_line] if offline_stripe else []),
             ]
@@ -67,33 +82,74 @@ def main() -> None:
     os.environ.setdefault("GPUSHARE_GATEWAY_URL", f"http://127.0.0.1:{GATEWAY_PORT}")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     base = f"http://127.0.0.1:{PORT}"
-    acme = demo["tenants"]["acme"]
-    print(
-        f"""
-  gpushare is starting ({"SQLite + embedded broker" if "DATABASE_URL" not in os.environ else "DATABASE_URL"})
-
-  portal      {base}/
-  admin       {base}/admin/       login: operator / {demo["password"]}
-  API docs    {base}/api/docs/
-  console     {base}/console/      (operator: fleet, queue, rules with what-if)
-  endpoints   http://127.0.0.1:{GATEWAY_PORT}/e/<tenant>/<endpoint>/   (inference gateway)
-  tenants     acme:   {acme["user"]} / {demo["password"]}
-              globex: {demo["tenants"]["globex"]["user"]} / {demo["password"]}
-  API tokens  acme:   {acme["token"]}
-              globex: {demo["tenants"]["globex"]["token"]}
-  node        {NODE} with {SIM_GPUS}
-
-  try:
-    curl -s -X POST {base}/api/v1/jobs/ -H "Authorization: Bearer {acme["token"]}" \\
-      -H 'Content-Type: application/json' \\
-      -d '{{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}}'
-
-  (demo credentials are also in {var / "demo.json"}; Ctrl-C stops everything)
-""",
-        flush=True,
-    )
+    mode = "SQLite + embedded broker" if "DATABASE_URL" not in os.environ else "DATABASE_URL"
+    print(f"gpushare is starting ({mode}); it says when it is ready", flush=True)
     os.chdir(ROOT)
-    os.execv(str(BIN / "honcho"), [str(BIN / "honcho"), "start", "-f", str(procfile), "-d", str(ROOT)])
+    honcho = subprocess.Popen([str(BIN / "honcho"), "start", "-f", str(procfile), "-d", str(ROOT)])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda n, _f: honcho.send_signal(n))
+    if wait_ready(
+        honcho,
+        {
+            "web": f"{base}/readyz",
+            "gateway": f"http://127.0.0.1:{GATEWAY_PORT}/readyz",
+            "agent": f"http://127.0.0.1:{AGENT_OPS_PORT}/readyz",
+            "worker": f"http://127.0.0.1:{WORKER_OPS_PORT}/readyz",
+            "beat": f"http://127.0.0.1:{BEAT_OPS_PORT}/readyz",
+        },
+    ):
+        print(ready_banner(demo, base, var), flush=True)
+    sys.exit(honcho.wait())
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(honcho: subprocess.Popen, checks: dict[str, str]) -> bool:
+    """Poll every readiness URL until all answer 200 (False if honcho ends or time runs out)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    waiting = dict(checks)
+    while waiting and time.monotonic() < deadline:
+        if honcho.poll() is not None:
+            return False
+        waiting = {name: url for name, url in waiting.items() if not answers(url)}
+        if waiting:
+            time.sleep(0.5)
+    if waiting:
+        print(f"gpushare is NOT ready after {READY_TIMEOUT_S:.0f} s: {', '.join(waiting)} not answering", flush=True)
+        return False
+    return True
+
+
+def ready_banner(demo: dict, base: str, var: Path) -> str:
+    acme, globex = demo["tenants"]["acme"], demo["tenants"]["globex"]
+    password = demo["password"]
+    ready = (
+        f"gpushare is ready at {base}/ , logins: operator / {password} (admin), {acme['user']} / {password} (acme), "
+        f"{globex['user']} / {password} (globex); API token acme: {acme['token']} (all in {var / 'demo.json'})"
+    )
+    submit = '{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}'
+    return "\n".join(
+        [
+            "",
+            ready,
+            "",
+            f"  admin       {base}/admin/   console {base}/console/   API docs {base}/api/docs/",
+            f"  endpoints   http://127.0.0.1:{GATEWAY_PORT}/e/<tenant>/<endpoint>/   (inference gateway)",
+            f"  health      /readyz and /metrics on web :{PORT}, gateway :{GATEWAY_PORT}, agent :{AGENT_OPS_PORT},"
+            f" worker :{WORKER_OPS_PORT}, beat :{BEAT_OPS_PORT}",
+            f"  node        {NODE} with {SIM_GPUS}",
+            f"  try:        curl -s -X POST {base}/api/v1/jobs/ -H 'Authorization: Bearer {acme['token']}' \\",
+            f"                -H 'Content-Type: application/json' -d '{submit}'",
+            "  Ctrl-C stops everything.",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

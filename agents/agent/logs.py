@@ -19,6 +19,8 @@ class AgentContext(logging.Filter):
         self.node = node
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("No hostname was supplied"):
+            return False  # kombu's chatter about a URL without a host (filesystem://)
         record.node = getattr(record, "node", None) or self.node
         if getattr(record, "job", None) is None and isinstance(record.msg, str) and isinstance(record.args, tuple):
             at = record.msg.find("job %s")

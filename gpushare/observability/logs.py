@@ -6,7 +6,7 @@ and, where known, ``request_id``, ``tenant``, ``job``, ``node``, ``task`` and
 ``task_id`` (see ``context``). ``LOG_FORMAT=plain`` (the development default)
 writes ``time level logger: message [job=7 node=n1]``.
 
-Periodic tasks are quiet: beat's "sending due task" lines and the worker's
+Periodic tasks (and each node's heartbeat) are quiet: beat's "sending due task" lines and the worker's
 "received"/"succeeded" lines of a task in ``CELERY_BEAT_SCHEDULE`` are logged
 at DEBUG, except the "succeeded" line of a run that did something (a return
 value that is not empty, zero or a dict of zeros: ``{'placed': 0, 'pending':
@@ -24,6 +24,10 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # Keys of a periodic task's dict result that describe the state, not work done.
 STATE_KEYS = frozenset({"pending", "seconds"})
+# Tasks that arrive on a clock without beat: each node's heartbeat, every few seconds.
+ROUTINE_TASKS = ("agents.heartbeat",)
+# Chatter that says nothing to an operator: kombu's filesystem and Redis URLs without a host.
+DROPPED_PREFIXES = ("No hostname was supplied",)
 
 
 class PlainFormatter(logging.Formatter):
@@ -71,6 +75,17 @@ class PeriodicTaskFilter(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
+class DropFilter(logging.Filter):
+    """Drop records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes=(), name: str = ""):
+        super().__init__(name)
+        self.prefixes = tuple(prefixes)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
+
+
 def logging_config(*, fmt: str = "plain", level: str = "INFO", periodic_tasks=()) -> dict:
     """The dictConfig for every platform process (web, worker, beat, gateway)."""
     if fmt not in ("plain", "json"):
@@ -82,7 +97,11 @@ def logging_config(*, fmt: str = "plain", level: str = "INFO", periodic_tasks=()
         "disable_existing_loggers": False,
         "filters": {
             "context": {"()": "gpushare.observability.context.ContextFilter"},
-            "periodic": {"()": "gpushare.observability.logs.PeriodicTaskFilter", "tasks": list(periodic_tasks)},
+            "periodic": {
+                "()": "gpushare.observability.logs.PeriodicTaskFilter",
+                "tasks": [*periodic_tasks, *ROUTINE_TASKS],
+            },
+            "chatter": {"()": "gpushare.observability.logs.DropFilter", "prefixes": list(DROPPED_PREFIXES)},
         },
         "formatters": {
             "plain": {"()": "gpushare.observability.logs.PlainFormatter", "format": PLAIN_FORMAT},
@@ -99,6 +118,7 @@ def logging_config(*, fmt: str = "plain", level: str = "INFO", periodic_tasks=()
             "celery.beat": quiet,
             "celery.app.trace": quiet,
             "celery.worker.strategy": quiet,
+            "kombu.connection": {"filters": ["chatter"]},
             # One line per process start and per lockout is enough from django-axes.
             "axes": {"level": "WARNING" if level == "INFO" else level},
         },
