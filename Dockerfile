@@ -7,7 +7,12 @@ RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
 RUN pip install --no-cache-dir --no-deps -e . \
     && DJANGO_SETTINGS_MODULE=gpushare.settings.dev python manage.py collectstatic --noinput -v 0
-RUN useradd --system --uid 1000 gpushare && mkdir -p /app/var && chown gpushare /app/var
+# /app/var holds local state; its subfolders are mount points (compose volumes, Kubernetes
+# emptyDir/hostPath) that start owned by the gpushare user.
+RUN useradd --system --uid 1000 gpushare \
+    && mkdir -p /app/var/agent /app/var/credential /app/var/heartbeat /app/var/metrics \
+    && chown -R gpushare /app/var
 USER gpushare
-EXPOSE 8000
-CMD ["gunicorn", "gpushare.wsgi", "-b", "0.0.0.0:8000", "-w", "3", "--threads", "4"]
+EXPOSE 8000 8001
+# Web: gunicorn with gpushare's conf (multiprocess metrics, no access log: gpushare.request logs).
+CMD ["gunicorn", "-c", "python:gpushare.gunicorn_conf", "gpushare.wsgi"]

@@ -2,7 +2,7 @@
 
 Defaults: PostgreSQL at 127.0.0.1:5432 as user postgres, Redis at
 127.0.0.1:6379 (DATABASE_URL / REDIS_URL override). When one does not answer
-and `docker compose` works, start it from docker-compose.yml; otherwise say
+and `docker compose` works, start it from deploy/compose/test-services.yml; otherwise say
 exactly what to start and exit non-zero.
 """
 
@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
+TEST_SERVICES = Path(__file__).resolve().parent.parent / "deploy" / "compose" / "test-services.yml"
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpushare")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -71,7 +73,7 @@ def compose_up() -> bool:
     if command is None:
         return False
     print(f"starting postgres and redis with {' '.join(command)} ...")
-    return subprocess.run([*command, "up", "-d", "postgres", "redis"]).returncode == 0
+    return subprocess.run([*command, "-f", str(TEST_SERVICES), "up", "-d", "postgres", "redis"]).returncode == 0
 
 
 def main() -> int:
@@ -89,7 +91,7 @@ def main() -> int:
         print(
             "\nThe tests need PostgreSQL (DATABASE_URL, default postgres://postgres@127.0.0.1:5432) and Redis\n"
             "(REDIS_URL, default redis://127.0.0.1:6379/0). Start them, e.g.:\n"
-            "  docker compose up -d postgres redis\n"
+            "  docker compose -f deploy/compose/test-services.yml up -d\n"
             "or on Debian/Ubuntu:\n"
             "  pg_ctlcluster 15 main start   # PostgreSQL, trust auth for user postgres on 127.0.0.1\n"
             "  redis-server --daemonize yes --bind 127.0.0.1 --port 6379",
