@@ -1,6 +1,8 @@
 """The platform's Celery application (web, worker and beat share it)."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from celery import Celery
@@ -11,7 +13,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
 # files the scrape adds up (prometheus-client's multiprocess mode): the directory must be
 # chosen before prometheus_client is first imported, and be fresh for each start.
 if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gpushare-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = tempfile.mkdtemp(prefix="gpushare-metrics-")
+    atexit.register(lambda pid=os.getpid(): os.getpid() == pid and shutil.rmtree(_metrics_dir, ignore_errors=True))
 
 app = Celery("gpushare")
 app.config_from_object("django.conf:settings", namespace="CELERY")
