@@ -14,7 +14,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
 # chosen before prometheus_client is first imported, and be fresh for each start.
 if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = tempfile.mkdtemp(prefix="gpushare-metrics-")
-    atexit.register(lambda pid=os.getpid(): os.getpid() == pid and shutil.rmtree(_metrics_dir, ignore_errors=True))
+    _metrics_owner = os.getpid()  # the pool's children exit too: only this process removes it
+    atexit.register(lambda: os.getpid() == _metrics_owner and shutil.rmtree(_metrics_dir, ignore_errors=True))
 
 app = Celery("gpushare")
 app.config_from_object("django.conf:settings", namespace="CELERY")
