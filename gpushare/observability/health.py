@@ -30,6 +30,11 @@ from django.http import HttpResponse, JsonResponse
 log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 3.0
+# /readyz is open to anyone who reaches the port: one round of checks per process per
+# second at most, however often it is asked (a flood cannot turn into database connections).
+READY_CACHE_S = 1.0
+_ready_lock = threading.Lock()
+_ready_cache: tuple[float, dict[str, str]] | None = None
 OPS_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
@@ -93,6 +98,17 @@ def checks_run(names=None, *, timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, s
     return {name: results[name] for name, _ in threads}
 
 
+def readiness() -> dict[str, str]:
+    """The web's checks, reused for ``READY_CACHE_S``."""
+    global _ready_cache
+    with _ready_lock:
+        if _ready_cache is not None and time.monotonic() - _ready_cache[0] < READY_CACHE_S:
+            return _ready_cache[1]
+        results = checks_run()
+        _ready_cache = (time.monotonic(), results)
+        return results
+
+
 # --- /metrics access ---------------------------------------------------------------------
 
 
@@ -133,7 +149,7 @@ class OpsEndpointsMiddleware:
         if request.path == "/healthz":
             return JsonResponse({"ok": True})
         if request.path == "/readyz":
-            results = checks_run()
+            results = readiness()
             ready = all(v == "ok" for v in results.values())
             if not ready:
                 log.warning("not ready: %s", json.dumps({k: v for k, v in results.items() if v != "ok"}))
