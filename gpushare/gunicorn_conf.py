@@ -7,7 +7,8 @@ Flags on the command line still win (``-b``, ``-w``). What this adds:
   sees the whole server whichever worker answers; a dead worker's files are
   marked so its live gauges drop out.
 - No access log: ``gpushare.request`` logs each request with its id, tenant,
-  status and duration, in the same format (JSON in production) as the rest.
+  status and duration, in the same format (JSON in production) as the rest;
+  gunicorn's own lines go through the same handler (``logconfig_dict``).
 """
 
 import os
@@ -18,6 +19,20 @@ bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))
 accesslog = None
+
+
+def _logconfig() -> dict:
+    # Nothing here may import prometheus_client: the master must not load it before
+    # on_starting has chosen PROMETHEUS_MULTIPROC_DIR (the workers inherit the master's modules).
+    from gpushare.observability.logs import logging_config
+
+    config = logging_config(fmt=os.environ.get("LOG_FORMAT", "plain"), level=os.environ.get("LOG_LEVEL", "INFO"))
+    config["loggers"]["gunicorn.error"] = {"handlers": ["console"], "level": "INFO", "propagate": False}
+    config["loggers"]["gunicorn.access"] = {"handlers": ["console"], "level": "WARNING", "propagate": False}
+    return config
+
+
+logconfig_dict = _logconfig()
 # Probes and Prometheus must not wait behind a slow request for long.
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
 graceful_timeout = 30

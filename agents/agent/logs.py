@@ -42,8 +42,9 @@ def logging_setup(*, level: str, fmt: str, node: str) -> None:
         from pythonjsonlogger.json import JsonFormatter
 
         formatter: logging.Formatter = JsonFormatter(
-            "%(asctime)s %(levelname)s %(name)s %(message)s",
-            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",
         )
     else:
         formatter = PlainFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -21,7 +21,7 @@ import logging
 from .context import FIELDS
 
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"
-JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+JSON_FORMAT = "%(levelname)s %(name)s %(message)s"
 # Keys of a periodic task's dict result that describe the state, not work done.
 STATE_KEYS = frozenset({"pending", "seconds"})
 # Tasks that arrive on a clock without beat: each node's heartbeat, every few seconds.
@@ -108,7 +108,8 @@ def logging_config(*, fmt: str = "plain", level: str = "INFO", periodic_tasks=()
             "json": {
                 "()": "pythonjsonlogger.json.JsonFormatter",
                 "format": JSON_FORMAT,
-                "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+                "rename_fields": {"levelname": "level", "name": "logger"},
+                "timestamp": "time",  # ISO 8601, UTC, with milliseconds
             },
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": fmt, "filters": ["context"]}},
