@@ -52,9 +52,11 @@ def database_check() -> None:
 
 
 def broker_check() -> None:
-    from gpushare.celery import app
+    """Connect to the broker Celery uses (a plain kombu connection: no Celery app to load)."""
+    from kombu import Connection
 
-    with app.connection_for_read() as conn:
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+    with Connection(settings.CELERY_BROKER_URL, transport_options=options, connect_timeout=CHECK_TIMEOUT_S) as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=CHECK_TIMEOUT_S)
         client = getattr(conn.default_channel, "client", None)
         if client is not None and hasattr(client, "ping"):

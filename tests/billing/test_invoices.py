@@ -123,7 +123,7 @@ def test_printable_invoice_and_csv_for_owners_only(march_usage, tenant, other_te
     foreign_csv = client.get(f"/billing/invoices/{invoice.pk}/jobs.csv")
 
     assert page.status_code == 200
-    assert b"@media print" in page.content and str(invoice.total).encode() in page.content
+    assert b"css/invoice.css" in page.content and str(invoice.total).encode() in page.content  # print styles
     assert {r["job_id"] for r in rows} == {str(j.pk) for j in march_usage[:2]}
     assert sum(Decimal(r["exact_amount"]) for r in rows) == lines_exact
     assert foreign.status_code == 404 and foreign_csv.status_code == 404

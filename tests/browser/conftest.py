@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+# Redoc (/api/docs/) shows a logo from its CDN and hides it when it cannot load: the policy
+# blocks it on purpose (the docs ask no third party). The one report a page may raise.
+CSP_EXPECTED = ("https://cdn.redoc.ly/",)
+
 
 @pytest.fixture
 def page_for(browser, live_server):
@@ -24,7 +28,14 @@ def page_for(browser, live_server):
         contexts.append(context)
         page = context.new_page()
         page.on("console", lambda msg: msg.type == "error" and print("browser console:", msg.text))
-        page.on("console", lambda msg: "Content Security Policy" in msg.text and violations.append(msg.text))
+        page.on(
+            "console",
+            lambda msg: (
+                "Content Security Policy" in msg.text
+                and not any(url in msg.text for url in CSP_EXPECTED)
+                and violations.append(msg.text)
+            ),
+        )
         if user is not None and not _form_login(page, user, password):
             _cookie_login(context, user, live_server.url)
         return page

@@ -17,6 +17,7 @@ from accounts.services import member_invite, tenant_create, token_create
 from agents.models import Gpu, Node
 from billing.models import Invoice
 from endpoints.services import EndpointSpec, endpoint_create
+from tests.browser.conftest import CSP_EXPECTED
 from tests.factories import UserFactory
 from tests.portal.conftest import job_make, job_ran
 
@@ -130,10 +131,8 @@ def test_every_page_passes_the_policy(page_for, live_server, portal_data):
         assert response.status == 200, path
         staff.wait_for_load_state("networkidle")
 
-    # Redoc shows a "Redocly" logo from its CDN and hides it when it cannot load: blocked on
-    # purpose (the docs work offline and ask no third party), the only expected report.
-    expected = "https://cdn.redoc.ly/redoc/logo-mini.svg"
-    unexpected = [p for p in anon_problems if expected not in p] + problems + staff_problems
+    # Redoc's CDN logo is blocked on purpose (conftest.CSP_EXPECTED), the only expected report.
+    unexpected = [p for p in anon_problems if not any(url in p for url in CSP_EXPECTED)] + problems + staff_problems
     assert unexpected == [], "\n".join(unexpected)
     # A plain request gets the header too (every response, not only pages a browser opened).
     assert (

@@ -93,13 +93,15 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     page.locator("#err-gpus li").wait_for()
     assert page.locator("#err-gpus").inner_text().strip() == GPUS_MESSAGE
     page.fill("#id_gpus", "0.5")  # a slice, but training takes whole GPUs: the service's rule, shown live
-    page.wait_for_function("document.querySelector('#err-gpus').innerText.includes('training jobs take whole GPUs')")
+    page.wait_for_function(
+        "() => document.querySelector('#err-gpus').innerText.includes('training jobs take whole GPUs')"
+    )
     page.fill("#id_name", "resnet-demo")
     page.fill("#id_gpus", "1")
     page.fill("#id_command", shlex.join([sys.executable, "-c", TRAIN]))
-    page.wait_for_function("document.querySelector('#curl').innerText.includes('epoch')")
+    page.wait_for_function("() => document.querySelector('#curl').innerText.includes('epoch')")
     assert page.locator("#err-gpus").inner_text().strip() == ""
-    page.wait_for_function("document.querySelector('#estimate').innerText.includes('per hour')")
+    page.wait_for_function("() => document.querySelector('#estimate').innerText.includes('per hour')")
     assert "$0.70–$2.49" in page.locator("#estimate").inner_text()  # L4 to H100, one GPU
     assert '"gpus": 1' in page.locator("#curl").inner_text()
     screenshot(page, "03-submit-filled")
@@ -113,8 +115,10 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     assert page.locator("#log-text").inner_text() == "" or "epoch" in page.locator("#log-text").inner_text()
     screenshot(page, "04-job-running")
     page.wait_for_selector("#job-live[data-state=succeeded]", timeout=90_000)
-    page.wait_for_function("document.querySelector('#log-text').innerText.includes('epoch 5')", timeout=30_000)
-    page.wait_for_function("Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#log-text').innerText.includes('epoch 5')", timeout=30_000)
+    page.wait_for_function(
+        "() => Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3", timeout=30_000
+    )
     assert page.evaluate("window.__sameDocument") is True
     log_text = page.locator("#log-text").inner_text()
     assert [f"epoch {i}" in log_text for i in range(6)] == [True] * 6
@@ -128,7 +132,9 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
         job = Job.objects.get(pk=job_id)
     assert job.state == JobState.SUCCEEDED and job.tenant_id == tenant.pk
     # The dashboard tab saw it (polling, no reload) and has dropped it now that it ended.
-    dashboard.wait_for_function(f"!document.querySelector('#live-jobs tr[data-job=\"{job_id}\"]')", timeout=30_000)
+    dashboard.wait_for_function(
+        f"() => !document.querySelector('#live-jobs tr[data-job=\"{job_id}\"]')", timeout=30_000
+    )
     assert dashboard.evaluate("window.__sameDocument") is True
     assert dashboard.evaluate("window.__seen") is not None
     assert job.cost > 0
@@ -138,7 +144,7 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     row = page.locator(f"#usage-by-job tr[data-job='{job_id}']")
     assert money(job.cost, 4) in row.inner_text()
     assert page.locator("#usage-total").inner_text().strip() == money(job.cost, 4)
-    page.wait_for_function("document.querySelector('canvas[data-usage-chart]').width > 0")
+    page.wait_for_function("() => document.querySelector('canvas[data-usage-chart]').width > 0")
     assert page.evaluate("Chart.getChart(document.querySelector('canvas[data-model-chart]')).data.labels") == [
         f"{job.node.gpus.get(uuid=gpu_uuid).model} dedicated"
     ]
@@ -161,7 +167,7 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     big_id = big.json()["id"]
     page.goto(f"/jobs/{big_id}/")
     page.wait_for_function(
-        "document.querySelector('#job-live').innerText.includes('Why pending:') && "
+        "() => document.querySelector('#job-live').innerText.includes('Why pending:') && "
         "!document.querySelector('#job-live').innerText.includes('waiting for the next scheduling pass')",
         timeout=30_000,
     )
@@ -195,7 +201,7 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
         phone.goto(path)
         assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), path
     phone.goto(f"/jobs/{job_id}/")
-    phone.wait_for_function("Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3")
+    phone.wait_for_function("() => Number(document.querySelector('#job-metrics').dataset.count || 0) >= 3")
     screenshot(phone, "09-phone-job")
     phone.goto("/")
     screenshot(phone, "09-phone-dashboard")

@@ -83,9 +83,9 @@ def web_server(spawn, env: dict) -> str:
     def up():
         if proc.poll() is not None:
             raise RuntimeError(f"gunicorn exited: {log_path.read_text()[-3000:]}")
-        return status(url, "/healthz") == 200
+        return status(url, "/readyz") == 200  # booted, Django loaded, first connections made
 
-    wait_for(up, timeout=60, what="gunicorn")
+    wait_for(up, timeout=90, what="gunicorn")
     return url
 
 

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 def scrape(url: str, token: str = "") -> dict[str, list[tuple[dict, float]]]:
     """``{sample name: [(labels, value), ...]}`` from a /metrics endpoint (raises on a non-200)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = requests.get(f"{url}/metrics", headers=headers, timeout=10)
+    response = requests.get(f"{url}/metrics", headers=headers, timeout=30)
     response.raise_for_status()
     samples: dict[str, list[tuple[dict, float]]] = {}
     for family in text_string_to_metric_families(response.text):
@@ -31,6 +31,6 @@ def value(samples: dict, name: str, **labels) -> float | None:
 
 def status(url: str, path: str) -> int:
     try:
-        return requests.get(f"{url}{path}", timeout=10).status_code
-    except requests.ConnectionError:
+        return requests.get(f"{url}{path}", timeout=30).status_code
+    except (requests.ConnectionError, requests.Timeout):
         return 0

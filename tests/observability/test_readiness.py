@@ -27,7 +27,7 @@ TOKEN = "metrics-token-for-tests-0123456789"
 
 
 def readyz(url: str) -> tuple[int, dict]:
-    response = requests.get(f"{url}/readyz", timeout=15)
+    response = requests.get(f"{url}/readyz", timeout=30)
     return response.status_code, response.json()
 
 
@@ -79,12 +79,12 @@ def test_web_metrics_need_the_token_and_count_requests_by_route_and_status(spawn
     tenant = TenantFactory(slug="metrics-a")
     auth = {"Authorization": f"Bearer {token_for(tenant)}"}
     for _ in range(3):  # two gunicorn workers: the scrape must add both up
-        assert requests.get(f"{url}/api/v1/jobs/", headers=auth, timeout=10).status_code == 200
-    assert requests.get(f"{url}/api/v1/jobs/999999/", headers=auth, timeout=10).status_code == 404
-    assert requests.get(f"{url}/api/v1/jobs/", timeout=10).status_code == 401
+        assert requests.get(f"{url}/api/v1/jobs/", headers=auth, timeout=30).status_code == 200
+    assert requests.get(f"{url}/api/v1/jobs/999999/", headers=auth, timeout=30).status_code == 404
+    assert requests.get(f"{url}/api/v1/jobs/", timeout=30).status_code == 401
 
-    assert requests.get(f"{url}/metrics", timeout=10).status_code == 401
-    refused = requests.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}, timeout=10)
+    assert requests.get(f"{url}/metrics", timeout=30).status_code == 401
+    refused = requests.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"}, timeout=30)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthenticated"
     samples = scrape(url, TOKEN)
     by_route = "django_http_responses_total_by_status_view_method_total"
