@@ -73,6 +73,8 @@ class AgentMetrics:
     # --- called by the agent's loop (its own thread) ------------------------------------------
 
     def observe(self, *, samples: dict, running: list, energy_mj: dict[int, float]) -> None:
+        if self.server is None:
+            return  # nobody can scrape: spare the loop the work (and the outbox count)
         gpu_rows, job_rows = [], []
         for uuid, sample in samples.items():
             gpu = self.agent.gpus.get(uuid)

@@ -9,6 +9,8 @@
 | STRIPE_API_BASE | https://api.stripe.com | Stripe API address (localstripe in tests/demo) |
 | STRIPE_WEBHOOK_SECRET | whsec_local | Stripe webhook signing secret |
 | GPUSHARE_VAR_DIR | <repo>/var | local state: SQLite file, embedded broker, logs |
+| GPUSHARE_METRICS_TOKEN | (none) | Bearer token for /metrics (docs/operations.md) |
+| LOG_FORMAT / LOG_LEVEL | plain (json in production) / INFO | log lines (gpushare/observability/logs.py) |
 """
 
 from __future__ import annotations
