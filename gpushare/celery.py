@@ -3,7 +3,6 @@
 import atexit
 import os
 import shutil
-import tempfile
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
@@ -13,7 +12,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
 # files the scrape adds up (prometheus-client's multiprocess mode): the directory must be
 # chosen before prometheus_client is first imported, and be fresh for each start.
 if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = tempfile.mkdtemp(prefix="gpushare-metrics-")
+    from gpushare.observability.multiproc import metrics_dir_create
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = metrics_dir_create("gpushare-metrics-")
     _metrics_owner = os.getpid()  # the pool's children exit too: only this process removes it
     atexit.register(lambda: os.getpid() == _metrics_owner and shutil.rmtree(_metrics_dir, ignore_errors=True))
 

@@ -13,7 +13,6 @@ Flags on the command line still win (``-b``, ``-w``). What this adds:
 
 import os
 import shutil
-import tempfile
 
 bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
@@ -47,7 +46,9 @@ def on_starting(server):
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path, exist_ok=True)
     else:
-        path = tempfile.mkdtemp(prefix="gpushare-web-metrics-")
+        from gpushare.observability.multiproc import metrics_dir_create
+
+        path = metrics_dir_create("gpushare-web-metrics-")
         _created.append(path)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
 

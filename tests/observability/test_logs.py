@@ -133,3 +133,21 @@ def test_agent_lines_carry_the_node_and_the_job():
         context.filter(r)
     assert (started.node, started.job, stopping.job, other.node) == ("gpu-node-7", 42, 43, "gpu-node-7")
     assert getattr(other, "job", None) is None
+
+
+def test_a_metrics_dir_of_a_process_that_is_gone_is_removed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from gpushare.observability.multiproc import metrics_dir_create
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"gpushare-metrics-{dead.pid}-old").mkdir()  # SIGKILLed before its exit hook
+    (tmp_path / f"gpushare-metrics-{os.getppid()}-live").mkdir()  # a running worker's
+    fresh = metrics_dir_create("gpushare-metrics-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"gpushare-metrics-{os.getppid()}-live", os.path.basename(fresh)]
+    )
+    assert os.path.basename(fresh).startswith(f"gpushare-metrics-{os.getpid()}-")
