@@ -1,6 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from gpushare.api_edges import api_not_found
 
 # /api/ paths answer Django-level errors in the API's error shape (gpushare/api.py).
 handler400 = "gpushare.api.bad_request"
@@ -20,5 +22,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="schema"), name="api-docs"),
     path("api/docs/try/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-try"),
+    re_path(r"^api/(?P<rest>.*)$", api_not_found),  # keep last of the /api/ patterns: unknown paths, error shape
     path("", include("portal.urls")),
 ]

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from gpushare.serializers import StrictStrings
 from scheduler.api.serializers import EnvField, GpusField
 
 from ..models import Endpoint, Replica, ScalingEvent
@@ -13,7 +14,7 @@ from ..models import Endpoint, Replica, ScalingEvent
 MAX_REPLICAS = 64
 
 
-class EndpointWriteSerializer(serializers.Serializer):
+class EndpointWriteSerializer(StrictStrings, serializers.Serializer):
     name = serializers.SlugField(max_length=63)
     command = serializers.ListField(child=serializers.CharField(max_length=8192), min_length=1, max_length=1000)
     image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")

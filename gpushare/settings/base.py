@@ -69,10 +69,12 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "gpushare.api.ApiBodyLimitMiddleware",
+    "gpushare.api_edges.ApiExceptionMiddleware",
     "axes.middleware.AxesMiddleware",  # keep last: turns a locked-out login into the lockout page
 ]
 
 ROOT_URLCONF = "gpushare.urls"
+CSRF_FAILURE_VIEW = "gpushare.api_edges.csrf_failure"  # the API's error shape on /api/ paths
 WSGI_APPLICATION = "gpushare.wsgi.application"
 
 TEMPLATES = [
@@ -147,7 +149,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gpushare.api.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpushare.schema.PublicAutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [

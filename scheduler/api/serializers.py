@@ -8,6 +8,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpushare.serializers import StrictStrings
+
 from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
 from ..models import MILLI_PER_GPU, Job, JobArray, JobKind, JobState
 from ..selectors import job_gpu_uuids
@@ -102,7 +104,7 @@ class ArrayField(serializers.Field):
         return value
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(StrictStrings, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     kind = serializers.ChoiceField(choices=JobKind.choices)
     gpus = GpusField()
