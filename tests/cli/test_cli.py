@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cli.main import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE, job_exit_code
 from django_scopes import scopes_disabled
 
-from cli.main import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE, job_exit_code
 from scheduler.models import Job
 from tests.factories import TenantFactory, platform_rules_seed, token_for, wait_for
 

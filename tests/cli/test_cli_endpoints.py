@@ -15,11 +15,11 @@ import sys
 import time
 
 import pytest
-from django_scopes import scopes_disabled
-
 from cli.client import ApiError
 from cli.endpoints import cmd_delete, cmd_deploy
 from cli.main import EXIT_API, EXIT_TIMEOUT, EXIT_USAGE, args_parse
+from django_scopes import scopes_disabled
+
 from endpoints.models import Endpoint, Replica
 from endpoints.services import endpoint_autoscale, endpoint_update
 from scheduler.models import JobLogChunk
