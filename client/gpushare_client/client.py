@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import requests
@@ -348,7 +349,11 @@ class Client:
     # --- usage, quota, estimates -------------------------------------------------------------
 
     def usage(self, *, start: str | None = None, end: str | None = None, group_by: str | None = None) -> Usage:
-        """GPU-seconds and cost between ``start`` and ``end`` (ISO 8601), optionally per day, job or GPU model."""
+        """GPU-seconds and cost between ``start`` and ``end`` (ISO 8601; default: this month so far, UTC),
+        optionally per day, job or GPU model."""
+        now = datetime.now(UTC).replace(microsecond=0)
+        start = start or now.replace(day=1, hour=0, minute=0, second=0).isoformat()
+        end = end or (now + timedelta(seconds=1)).isoformat()
         body = self.get("usage/", start=start, end=end, group_by=group_by)
         return Usage(group_by=body.get("group_by"), rows=tuple(UsageRow.from_api(r) for r in body["results"]), raw=body)
 

@@ -20,8 +20,8 @@ def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
-def _money(value) -> Decimal | None:
-    return None if value is None else Decimal(str(value))
+def _money(value) -> Decimal:
+    return Decimal(str(value if value is not None else 0))
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Job:
             exit_code=body.get("exit_code"),
             stop_reason=body.get("stop_reason") or "",
             preemption_count=body.get("preemption_count") or 0,
-            cost=_money(body.get("cost")) or Decimal(0),
+            cost=_money(body.get("cost", 0)),
             usage=JobUsage(
                 gpu_seconds=usage.get("gpu_seconds") or 0.0,
                 sm_util_avg=usage.get("sm_util_avg"),
@@ -192,7 +192,7 @@ class Endpoint:
             min_replicas=int(body.get("min_replicas") or 0),
             max_replicas=int(body.get("max_replicas") or 0),
             replicas=tuple(Replica.from_api(r) for r in body.get("replicas") or ()),
-            cost=_money(body.get("cost")) or Decimal(0),
+            cost=_money(body.get("cost", 0)),
             raw=body,
         )
 

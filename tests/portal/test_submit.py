@@ -109,7 +109,8 @@ def test_resubmit_prefills_the_form_from_a_job(client_for, tenant):
 
 
 def test_cli_box_parses_back_to_the_same_body(client_for, tenant):
-    from cli.main import job_body, parser_build
+    from gpushare_client.cli.app import State
+    from gpushare_client.cli.jobs import job_body, submit
 
     form = {**GOOD, "gpus": "0.25", "kind": "inference", "env": "A=1\nB=x y", "priority": "serving", "image": "r/i:1"}
     page = client_for(tenant).post(reverse("portal:submit_check"), form).content.decode()
@@ -119,7 +120,8 @@ def test_cli_box_parses_back_to_the_same_body(client_for, tenant):
     assert export.startswith("export GPUSHARE_URL=http://testserver")
     argv = shlex.split(line)
     assert argv[:2] == ["gpushare", "submit"]
-    from_cli = job_body(parser_build().parse_args(argv[1:]))
+    with submit.make_context("submit", argv[2:], obj=State()) as ctx:
+        from_cli = job_body(**ctx.params)
     from_curl = json.loads(curl.split(" -d '", 1)[1].rsplit("'", 1)[0])
     assert (
         from_cli

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import click
@@ -27,9 +26,6 @@ def _hours(seconds) -> str:
 @output_options
 def usage(start, end, group_by) -> int:
     """GPU-hours and cost over a period."""
-    now = datetime.now(UTC).replace(microsecond=0)
-    start = start or now.replace(day=1, hour=0, minute=0, second=0).isoformat()
-    end = end or (now + timedelta(seconds=1)).isoformat()
     found = state().client().usage(start=start, end=end, group_by=group_by)
     key = {"day": "day", "job": "job", "gpu_model": "gpu_model"}.get(group_by or "")
     rows = [
@@ -39,7 +35,11 @@ def usage(start, end, group_by) -> int:
     header = (*([key.upper().replace("_", " ")] if key else []), "GPU-HOURS HELD", "GPU-HOURS USED", "COST")
     first = 1 if key else 0
     lines = table(header, rows, right=tuple(range(first, first + 3)))
-    lines.append(f"from {start} to {end}: {_dollars(found.cost)} in all")
+    lines.append(
+        f"{_dollars(found.cost)} in all"
+        + (f" from {start}" if start else " this month")
+        + (f" to {end}" if end else "")
+    )
     emit(found.raw, lines)
     return 0
 

@@ -36,7 +36,6 @@ from .app import (
     state,
     table,
 )
-from .jobs import COMMAND_CONTEXT
 
 ENDPOINT_FIELDS = (
     "name",
@@ -79,7 +78,7 @@ def endpoint() -> None:
 # --- deploy ---------------------------------------------------------------------------
 
 
-@endpoint.command(context_settings=COMMAND_CONTEXT, short_help="Create or update (roll out) an endpoint.")
+@endpoint.command(short_help="Create or update (roll out) an endpoint.")
 @click.argument("name")
 @click.option("-f", "--file", help="YAML (or JSON) file with the endpoint's fields; '-' reads stdin.")
 @click.option("--gpus", type=GPUS, help=f"Slice per replica: 0.125, 0.25, 0.5 or 1-8 (new endpoint: {DEFAULT_GPUS}).")
@@ -99,8 +98,8 @@ def endpoint() -> None:
 def deploy(name, file, env, wait, timeout, command, **flags) -> int:
     """Create an endpoint, or change the one of that name (a rolling update).
 
-    gpushare endpoint deploy NAME [OPTIONS] [--] COMMAND... The fields given replace
-    the endpoint's; the others keep their values.
+    gpushare endpoint deploy NAME [OPTIONS] -- COMMAND... (the command after '--').
+    The fields given replace the endpoint's; the others keep their values.
     """
     body = fields_load(file, ENDPOINT_FIELDS, "endpoint") if file else {}
     named = body.pop("name", name)

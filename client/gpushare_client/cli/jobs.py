@@ -234,12 +234,13 @@ def submit(array, wait, timeout, logs, cancel_on_timeout, quiet, idempotency_key
     client = state().client()
     submitted = client.submit(body=body, array=array, idempotency_key=_key(idempotency_key))
     jobs = submitted.jobs
-    if quiet:
+    if state().json:
+        if not wait:  # with --wait, the finished job is the result
+            out_json(submitted.raw)
+    elif quiet:
         for job in jobs:
             out(str(job.id))
-    elif state().json and not wait:
-        out_json(submitted.raw)
-    elif not state().json:
+    else:
         verb = "submitted" if submitted.created else "already submitted (same Idempotency-Key)"
         if len(jobs) == 1:
             line = f"job {jobs[0].id} {verb}: {jobs[0].state}{queue_text(jobs[0])}"
