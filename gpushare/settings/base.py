@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "portal",
     "console",
     "endpoints",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -213,6 +214,7 @@ CELERY_BEAT_SCHEDULE = {
     "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
     "scheduler-launches-resend": {"task": "scheduler.launches_resend", "schedule": 15.0},
     "endpoints-minutes-prune": {"task": "endpoints.minutes_prune", "schedule": 3600.0},
+    "webhooks-deliveries-due": {"task": "webhooks.deliveries_due", "schedule": 5.0},
 }
 
 # --- gpushare -------------------------------------------------------------
@@ -230,6 +232,8 @@ GPUSHARE = {
     "LOST_JOB_POLICY": os.environ.get("GPUSHARE_LOST_JOB_POLICY", "requeue"),
     "DEFAULT_MAX_RUNTIME_S": int(os.environ.get("GPUSHARE_DEFAULT_MAX_RUNTIME_S", str(24 * 3600))),
     "STOP_GRACE_S": int(os.environ.get("GPUSHARE_STOP_GRACE_S", "30")),
+    # Webhooks reach public addresses only, and these networks (CIDRs, comma-separated) the operator allows.
+    "WEBHOOK_ALLOWED_NETWORKS": os.environ.get("GPUSHARE_WEBHOOK_ALLOWED_NETWORKS", ""),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")

@@ -22,6 +22,11 @@ def money(value, places: int | None = None) -> str:
     return f"{sign}${abs(amount):,}"
 
 
+def counted(n: int, word: str, words: str | None = None) -> str:
+    """ "1 job", "2 jobs": the plural rule for the portal's sentences."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 @register.filter
 def plain(value) -> str:
     """A number without trailing zeros or exponent: Decimal('10.000') -> '10', 0.250 -> '0.25'."""

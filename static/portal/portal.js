@@ -28,6 +28,22 @@
     }
   });
 
+  // --- forms that ask first: <form data-confirm="Delete this?"> (no inline handlers: the CSP allows none)
+  document.addEventListener("submit", function (event) {
+    var question = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  }, true);
+
+  // --- the navigation menu at phone width: <button data-nav-toggle aria-controls="...">
+  document.addEventListener("click", function (event) {
+    var toggle = event.target.closest("[data-nav-toggle]");
+    if (!toggle) return;
+    var menu = document.getElementById(toggle.getAttribute("aria-controls"));
+    var open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    if (menu) menu.classList.toggle("open", open);
+  });
+
   // --- live validation shows errors only for fields the user has touched
   function touch(event) {
     var form = event.target.form;
