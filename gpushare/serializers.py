@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 
 from rest_framework import serializers
 
@@ -63,3 +64,11 @@ class StrictStrings:
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
+
+
+EXACT = Decimal("0.0000000001")  # the platform's money: Decimal with 10 places (billing.rating.EXACT)
+
+
+def money_exact(value) -> str:
+    """An amount as the API shows money: exact, as stored (10 decimal places), as a string."""
+    return format(Decimal(value or 0).quantize(EXACT), "f")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from rest_framework import serializers
 
-from gpushare.serializers import StrictStrings
+from gpushare.serializers import StrictStrings, money_exact
 from scheduler.api.serializers import EnvField, GpusField
 
 from ..models import Endpoint, Replica, ScalingEvent
@@ -102,7 +100,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         return ReplicaSerializer(live, many=True).data
 
     def get_cost(self, endpoint) -> str:
-        return str(endpoint.cost_total.quantize(Decimal("0.000001")))  # annotated: selectors.with_totals
+        return money_exact(endpoint.cost_total)  # annotated: selectors.with_totals; exact, as all API money
 
     def get_replica_seconds(self, endpoint) -> float:
         # gpu_ms is held GPU time × the slice fraction: divide it back out.

@@ -22,7 +22,7 @@ from scheduler.selectors import job_log_read, jobs_for_tenant
 
 from .. import selectors
 from ..forms import JobSubmitForm, cli_for, curl_for, form_initial_from_job
-from ..templatetags.portal import counted, money
+from ..templatetags.portal import counted, money_exact, money_text
 from ..tenancy import tenant_page
 from .common import page
 
@@ -286,7 +286,8 @@ def job_metrics(request, pk: int):
             **series.__dict__,
             "done": job.state in TERMINAL_STATES,
             "cost": str(job.cost),
-            "cost_display": money(job.cost, 4),
+            "cost_display": money_text(job.cost),
+            "cost_exact": money_exact(job.cost),
         }
     )
 

@@ -111,7 +111,7 @@
           if (points) points.textContent = String(charts.sm.data.labels.length);
           root.setAttribute("data-count", String(charts.sm.data.labels.length));
           var cost = document.getElementById("cost-so-far");
-          if (cost && s.cost_display) cost.textContent = s.cost_display;
+          if (cost && s.cost_display) { cost.textContent = s.cost_display; cost.title = s.cost_exact + " exact"; }
           if (s.done) idleAfterDone = s.t.length ? 0 : idleAfterDone + 1;
           if (!s.done || idleAfterDone < 3) setTimeout(poll, 2000);
         })
