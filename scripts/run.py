@@ -73,7 +73,7 @@ def main() -> None:
   gpushare is starting ({"SQLite + embedded broker" if "DATABASE_URL" not in os.environ else "DATABASE_URL"})
 
   portal      {base}/
-  admin       {base}/admin/       login: operator / {demo["password"]}
+  admin       {base}/admin/       login: {demo.get("operator", "operator")} / {demo["password"]}
   API docs    {base}/api/docs/
   console     {base}/console/      (operator: fleet, queue, rules with what-if)
   endpoints   http://127.0.0.1:{GATEWAY_PORT}/e/<tenant>/<endpoint>/   (inference gateway)
@@ -87,6 +87,8 @@ def main() -> None:
     curl -s -X POST {base}/api/v1/jobs/ -H "Authorization: Bearer {acme["token"]}" \\
       -H 'Content-Type: application/json' \\
       -d '{{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}}'
+    curl -s http://127.0.0.1:{GATEWAY_PORT}/e/acme/echo/ -H "Authorization: Bearer {acme["token"]}" -d hello
+      (the demo endpoint "echo": scaled to zero, its first request starts a replica)
 
   (demo credentials are also in {var / "demo.json"}; Ctrl-C stops everything)
 """,

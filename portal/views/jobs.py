@@ -285,6 +285,7 @@ def job_metrics(request, pk: int):
         {
             **series.__dict__,
             "done": job.state in TERMINAL_STATES,
+            "live": selectors.job_live_sample(job),
             "cost": str(job.cost),
             "cost_display": money_text(job.cost),
             "cost_exact": money_exact(job.cost),

@@ -94,20 +94,30 @@
     };
     var after = 0, idleAfterDone = 0;
     var points = document.querySelector("[data-points]");
+    // The agent's latest samples (from its heartbeats) are drawn after the last metering window
+    // until a window covers them: the charts move from the job's first seconds on.
+    var live = [], drawnLive = 0;
+    function push(label, sm, mem, power) {
+      charts.sm.data.labels.push(label); charts.sm.data.datasets[0].data.push(sm);
+      charts.mem.data.labels.push(label); charts.mem.data.datasets[0].data.push(mem);
+      charts.power.data.labels.push(label); charts.power.data.datasets[0].data.push(power);
+    }
     function poll() {
       fetch(url + "?after=" + after, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
         .then(function (r) { return r.json(); })
         .then(function (s) {
-          for (var i = 0; i < s.t.length; i++) {
-            var label = clock(s.t[i]);
-            charts.sm.data.labels.push(label); charts.sm.data.datasets[0].data.push(s.sm_util_pct[i]);
-            charts.mem.data.labels.push(label); charts.mem.data.datasets[0].data.push(s.memory_mb[i]);
-            charts.power.data.labels.push(label); charts.power.data.datasets[0].data.push(s.power_w[i]);
-          }
-          if (s.t.length) {
-            after = s.t[s.t.length - 1];
-            Object.keys(charts).forEach(function (k) { charts[k].update(); });
-          }
+          Object.keys(charts).forEach(function (k) {
+            charts[k].data.labels.splice(charts[k].data.labels.length - drawnLive, drawnLive);
+            charts[k].data.datasets[0].data.splice(charts[k].data.datasets[0].data.length - drawnLive, drawnLive);
+          });
+          for (var i = 0; i < s.t.length; i++) push(clock(s.t[i]), s.sm_util_pct[i], s.memory_mb[i], s.power_w[i]);
+          if (s.t.length) after = s.t[s.t.length - 1];
+          if (s.live && (!live.length || s.live.t > live[live.length - 1].t)) live.push(s.live);
+          live = s.done ? [] : live.filter(function (p) { return p.t > after; });
+          live.forEach(function (p) { push(clock(p.t) + " (live)", p.sm_util_pct, p.memory_mb, p.power_w); });
+          drawnLive = live.length;
+          root.setAttribute("data-live", String(drawnLive));
+          Object.keys(charts).forEach(function (k) { charts[k].update(); });
           if (points) points.textContent = String(charts.sm.data.labels.length);
           root.setAttribute("data-count", String(charts.sm.data.labels.length));
           var cost = document.getElementById("cost-so-far");
