@@ -142,8 +142,8 @@ def post(url: str, body: bytes, headers: dict[str, str], *, allowed: Iterable[Ne
             preload_content=False,
             release_conn=False,
         )
+        address = getattr(response.connection, "connected_address", "")  # before the read may release it
         excerpt = response.read(2048, decode_content=False)
-        address = getattr(response.connection, "connected_address", "") if response.connection else ""
         response.release_conn()
         return Answer(status=response.status, body=excerpt, address=address)
     finally:
