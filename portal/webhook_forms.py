@@ -6,7 +6,14 @@ from django import forms
 
 from webhooks.events import EVENT_TYPES
 
-EVENT_CHOICES = [("*", "Every event"), *((t, f"{t}: {what}") for t, what in EVENT_TYPES.items() if t != "ping")]
+GROUPS = [
+    ("*", "Every event"),
+    ("job.*", "job.*: every change of a job's state"),
+    ("endpoint.*", "endpoint.*: scaled or failed"),
+    ("budget.*", "budget.*: the alert threshold, used up"),
+    ("invoice.*", "invoice.*: issued, paid, payment failed"),
+]
+EVENT_CHOICES = [*GROUPS, *((t, f"{t}: {what}") for t, what in EVENT_TYPES.items() if t != "ping")]
 
 
 class WebhookForm(forms.Form):
