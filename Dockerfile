@@ -5,7 +5,7 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e . -e client \
+RUN pip install --no-cache-dir --no-deps -e . && pip install --no-cache-dir --no-deps -e client \
     && DJANGO_SETTINGS_MODULE=gpushare.settings.dev python manage.py collectstatic --noinput -v 0
 RUN useradd --system --uid 1000 gpushare && mkdir -p /app/var && chown gpushare /app/var
 USER gpushare

@@ -18,7 +18,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -e . -e client
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps -e client
 	@touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed

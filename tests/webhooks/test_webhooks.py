@@ -24,6 +24,14 @@ from .receiver import Receiver
 LOCAL = "127.0.0.1/32"
 
 
+@pytest.fixture(autouse=True)
+def _sends_stay_here(request, monkeypatch):
+    """These tests send deliveries themselves: nothing goes to the session's Celery worker (which,
+    when another test started it, would take them first). The worker test lets them through."""
+    if "celery_worker_process" not in request.fixturenames:
+        monkeypatch.setattr(services, "_send_soon", lambda ids: None)
+
+
 @pytest.fixture
 def receiver():
     found = Receiver()

@@ -7,12 +7,7 @@ from decimal import Decimal
 import click
 from click.shell_completion import get_completion_class
 
-from .app import GPUS, emit, gpushare, out, output_options, state, table
-
-
-def _dollars(value) -> str:
-    """Exact figures from the API, shown as they are ($0.0123456789): the CLI never rounds money."""
-    return "-" if value is None else f"${Decimal(str(value))}"
+from .app import GPUS, dollars, emit, gpushare, out, output_options, state, table
 
 
 def _hours(seconds) -> str:
@@ -29,16 +24,14 @@ def usage(start, end, group_by) -> int:
     found = state().client().usage(start=start, end=end, group_by=group_by)
     key = {"day": "day", "job": "job", "gpu_model": "gpu_model"}.get(group_by or "")
     rows = [
-        (*([getattr(r, key)] if key else []), _hours(r.held_gpu_seconds), _hours(r.used_gpu_seconds), _dollars(r.cost))
+        (*([getattr(r, key)] if key else []), _hours(r.held_gpu_seconds), _hours(r.used_gpu_seconds), dollars(r.cost))
         for r in found.rows
     ]
     header = (*([key.upper().replace("_", " ")] if key else []), "GPU-HOURS HELD", "GPU-HOURS USED", "COST")
     first = 1 if key else 0
     lines = table(header, rows, right=tuple(range(first, first + 3)))
     lines.append(
-        f"{_dollars(found.cost)} in all"
-        + (f" from {start}" if start else " this month")
-        + (f" to {end}" if end else "")
+        f"{dollars(found.cost)} in all" + (f" from {start}" if start else " this month") + (f" to {end}" if end else "")
     )
     emit(found.raw, lines)
     return 0
@@ -65,7 +58,7 @@ def quota(**_) -> int:
         f"GPUs per job at most: {show(limits['max_gpus_per_job'])}",
         f"this month: {month['gpu_hours_used']} GPU-hours of {show(limits['gpu_hours_per_month'])}"
         + (f" ({month['gpu_hours_percent']}%)" if month.get("gpu_hours_percent") is not None else ""),
-        f"            {_dollars(month['spend'])} spent of {_dollars(spend_limit) if spend_limit else 'no limit'}"
+        f"            {dollars(month['spend'])} spent of {dollars(spend_limit) if spend_limit else 'no limit'}"
         + (f" ({month['spend_percent']}%)" if month.get("spend_percent") is not None else ""),
     ]
     if month.get("exhausted"):
@@ -108,11 +101,11 @@ def estimate(gpus, kind, max_runtime_seconds, priority, gpu_model) -> int:
             r["gpu_model"],
             r["mode"],
             r["priority"],
-            _dollars(r["price_per_gpu_hour"]),
+            dollars(r["price_per_gpu_hour"]),
             f"x{Decimal(str(r['multiplier'])).normalize()}",
-            _dollars(r["cost_per_hour"]),
-            _dollars(r["max_cost"]),
-            *([_dollars(hold)] if show_hold else []),
+            dollars(r["cost_per_hour"]),
+            dollars(r["max_cost"]),
+            *([dollars(hold)] if show_hold else []),
         )
         for r, hold in zip(results, holds, strict=True)
     ]

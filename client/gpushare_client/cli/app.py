@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,11 @@ def err(message: str) -> None:
 
 def out_json(data: Any) -> None:
     click.echo(json.dumps(data, default=str))
+
+
+def dollars(value) -> str:
+    """Money as the API gave it, exact, in plain digits: $0.0123456789 (never 0E-10)."""
+    return "-" if value is None else f"${Decimal(str(value)):f}"
 
 
 def emit(data: Any, lines: Sequence[str]) -> None:

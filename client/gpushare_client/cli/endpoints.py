@@ -23,6 +23,7 @@ from .app import (
     EXIT_USAGE,
     GPUS,
     UsageError,
+    dollars,
     emit,
     env_merge,
     err,
@@ -200,7 +201,7 @@ def list_endpoints() -> int:
             f"{e.ready}/{len(e.replicas)}",
             f"{e.min_replicas}-{e.max_replicas}",
             e.gpus,
-            f"${e.cost}",
+            dollars(e.cost),
             e.url,
         )
         for e in endpoints

@@ -20,6 +20,7 @@ from .app import (
     EXIT_TIMEOUT,
     GPUS,
     UsageError,
+    dollars,
     emit,
     env_merge,
     err,
@@ -70,7 +71,7 @@ def queue_text(job: Job) -> str:
 
 def end_text(job: Job) -> str:
     detail = f"exit code {job.exit_code}" if job.exit_code is not None else job.stop_reason
-    return f"job {job.id} {job.state}" + (f": {detail}" if detail else "") + f" (cost ${job.cost})"
+    return f"job {job.id} {job.state}" + (f": {detail}" if detail else "") + f" (cost {dollars(job.cost)})"
 
 
 # --- the job's fields from the command line ---------------------------------------------------
@@ -373,7 +374,7 @@ def status(job_id) -> int:
             f"  submitted  {job.submitted_at:%Y-%m-%d %H:%M:%S} UTC" if job.submitted_at else "  submitted  -",
             f"  started    {started}   finished {finished}",
             f"  exit code  {job.exit_code if job.exit_code is not None else '-'}",
-            f"  cost       ${job.cost}   gpu-seconds {job.usage.gpu_seconds}",
+            f"  cost       {dollars(job.cost)}   gpu-seconds {job.usage.gpu_seconds}",
         ],
     )
     return 0
