@@ -172,12 +172,23 @@ class TenantScopedMixin:
         self._tenant_scope = contextlib.ExitStack()
         self._tenant_scope.enter_context(scope(tenant=request.auth.tenant))
 
-    def finalize_response(self, request, response, *args, **kwargs):
+    def _tenant_scope_close(self) -> None:
         stack = getattr(self, "_tenant_scope", None)
         if stack is not None:
             stack.close()
             self._tenant_scope = None
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        self._tenant_scope_close()
         return super().finalize_response(request, response, *args, **kwargs)
+
+    def dispatch(self, request, *args, **kwargs):
+        # An exception no handler turns into a response skips finalize_response: without this, the
+        # tenant's scope would stay active in the thread for whatever it serves next.
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            self._tenant_scope_close()
 
 
 def error_response(message: str, *, code: str, status_code: int = status.HTTP_400_BAD_REQUEST, fields=None):

@@ -204,7 +204,7 @@ def _claim(delivery_id: int) -> Delivery | None:
     now = timezone.now()
     with transaction.atomic():
         delivery = (
-            Delivery.objects.select_for_update(skip_locked=True)
+            Delivery.objects.select_for_update(skip_locked=True, of=("self",))  # not the tenant's row
             .select_related("webhook", "event", "tenant")
             .filter(pk=delivery_id, state=Delivery.State.PENDING)
             .first()

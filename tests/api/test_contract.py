@@ -114,6 +114,11 @@ def test_an_unhandled_exception_is_a_500_in_the_error_shape_even_with_debug(
     response = api_client_for(tenant).get("/api/v1/jobs/")
     error = assert_error(response, 500, "server_error")
     assert "a bug" not in error["message"]  # no internals in the answer; the log has the traceback
+    # ...and the tenant's scope did not outlive the request in this thread (it failed open before).
+    from django_scopes.exceptions import ScopeError
+
+    with pytest.raises(ScopeError):
+        list(Job.objects.all())
 
 
 def test_a_csrf_failure_on_an_api_path_is_in_the_error_shape(rules, tenant):
