@@ -248,11 +248,12 @@ class Client:
         state: str | Sequence[str] | None = None,
         kind: str | None = None,
         name: str | None = None,
+        array: int | None = None,
         page_size: int = 100,
         limit: int | None = None,
     ) -> Iterator[Job]:
-        """The tenant's jobs, newest first, across pages (``limit`` stops early)."""
-        params: dict[str, Any] = {"kind": kind, "name": name, "page_size": page_size}
+        """The tenant's jobs, newest first, across pages (``limit`` stops early); ``array``: its tasks."""
+        params: dict[str, Any] = {"kind": kind, "name": name, "array": array, "page_size": page_size}
         if state is not None:
             params["state"] = [state] if isinstance(state, str) else list(state)
         for count, item in enumerate(self.pages("jobs/", **params)):

@@ -105,29 +105,53 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Submission:
-    """What ``submit`` got back: the job(s) and whether this call created them.
+class JobArray:
+    """A job array (``submit(array=...)``): its tasks are jobs, listed by ``Client.jobs(array=id)``."""
 
-    ``created`` is False when the Idempotency-Key had already created them (a
-    retried CI step): the same jobs come back and nothing new runs. A job array
-    gives one job per task in ``jobs``; ``job`` is the first.
+    id: int
+    task_count: int
+    name: str = ""
+    indices: str = ""
+    states: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any]) -> JobArray:
+        return cls(
+            id=int(body["id"]),
+            task_count=int(body.get("task_count") or 0),
+            name=body.get("name") or "",
+            indices=str(body.get("indices") or ""),
+            states=dict(body.get("states") or {}),
+            raw=body,
+        )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What ``submit`` got back and whether this call created it.
+
+    ``created`` is False when the Idempotency-Key had already created it (a
+    retried CI step): the same job (or array) comes back and nothing new runs.
+    A single job is ``job``; a job array is ``array`` (and ``job`` raises).
     """
 
-    jobs: tuple[Job, ...]
     created: bool
+    single: Job | None = None
+    array: JobArray | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def job(self) -> Job:
-        return self.jobs[0]
+        if self.single is None:
+            raise ValueError("a job array: see .array and Client.jobs(array=...)")
+        return self.single
 
     @classmethod
     def from_api(cls, body: dict[str, Any], *, created: bool) -> Submission:
-        if "id" in body:
-            jobs = [body]
-        else:  # a job array: its tasks, under whichever key the platform lists them
-            jobs = next((body[k] for k in ("jobs", "tasks", "results") if isinstance(body.get(k), list)), [])
-        return cls(jobs=tuple(Job.from_api(j) for j in jobs), created=created, raw=body)
+        if "task_count" in body:  # the API answers an array submission with the array
+            return cls(created=created, array=JobArray.from_api(body), raw=body)
+        return cls(created=created, single=Job.from_api(body), raw=body)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from gpushare_client.cli.app import EXIT_CANCELLED, EXIT_INTERRUPTED, EXIT_USAGE
 from scheduler.models import Job
 from tests.api.helpers import job_make
 from tests.factories import TenantFactory, platform_rules_seed, token_for, wait_for
-from tests.sdk.stubs import Stub
 
 from .test_cli import ROOT, run_cli
 
@@ -126,21 +125,18 @@ def test_shell_completion():
     assert "running" in subprocess.run([GPUSHARE], env=env, capture_output=True, text=True, timeout=30).stdout
 
 
-def test_array_flag_sends_the_api_contract():
-    """`submit --array` builds issue #19's `array` field (checked with a stub until the API has it)."""
-    stub = Stub()
-    tasks = [{"id": 7 + i, "state": "queued", "kind": "training", "gpus": 1} for i in range(3)]
-    stub.answer = (201, {"jobs": tasks})
-    try:
-        ranged = run_cli(stub.url, "gps_x", "submit", "--array", "1-3", "-q", "--", "python", "sweep.py")
-        assert ranged.returncode == 0, ranged.stderr
-        assert ranged.stdout.split() == ["7", "8", "9"]
-        counted = run_cli(stub.url, "gps_x", "submit", "--array", "1000", "--", "python", "sweep.py")
-        assert "job array submitted: 3 tasks, jobs 7-9" in counted.stdout
-        bodies = [json.loads(s["body"]) for s in stub.seen]
-        assert bodies[0]["array"] == {"range": "1-3"} and bodies[1]["array"] == {"count": 1000}
-    finally:
-        stub.close()
+def test_array_flag_submits_a_job_array(acme):
+    url, token, tenant = acme
+    ranged = run_cli(url, token, "submit", "--array", "1-3", "-q", "--", "python", "sweep.py")
+    assert ranged.returncode == 0, ranged.stderr
+    with scopes_disabled():
+        ids = sorted(Job.objects.filter(tenant=tenant).values_list("pk", flat=True))
+    assert [int(line) for line in ranged.stdout.split()] == ids and len(ids) == 3  # the tasks' ids
+    counted = run_cli(url, token, "submit", "--array", "5", "--", "python", "sweep.py")
+    assert counted.returncode == 0 and "5 tasks" in counted.stdout, counted.stderr
+    array_id = int(counted.stdout.split()[2])
+    listed = run_cli(url, token, "list", "--array", str(array_id), "--json")
+    assert len(json.loads(listed.stdout)["results"]) == 5
 
 
 # --- run -------------------------------------------------------------------------------------------

@@ -140,24 +140,19 @@ def test_retries_honour_retry_after_on_503_and_429(sdk):
         stub.close()
 
 
-def test_array_submissions_use_the_api_contract(sdk):
-    """Job arrays (issue #19's API: ``array: {"count": N}`` or ``{"range": "1-1000"}``): the SDK sends
-    that shape; checked against a stub answering as the platform would until the API has them."""
+def test_job_arrays(sdk):
+    """Job arrays (issue #19's API): ``array="1-3"`` sends ``{"range": "1-3"}``, ``array=4`` ``{"count": 4}``."""
     client, _ = sdk
-    stub = Stub()
-    tasks = [{"id": 10 + i, "state": "queued", "kind": "training", "gpus": 1, "name": f"sweep[{i}]"} for i in range(3)]
-    stub.answer = (201, {"array": {"range": "1-3"}, "jobs": tasks})
-    try:
-        arrays = Client(stub.url, "gps_x", retries=0)
-        submitted = arrays.submit(["python", "sweep.py"], array="1-3", name="sweep")
-        assert [j.id for j in submitted.jobs] == [10, 11, 12] and submitted.created
-        arrays.submit(["python", "sweep.py"], array=1000)
-        import json
-
-        bodies = [json.loads(s["body"]) for s in stub.seen]
-        assert bodies[0]["array"] == {"range": "1-3"} and bodies[1]["array"] == {"count": 1000}
-    finally:
-        stub.close()
+    submitted = client.submit(["python", "sweep.py"], array="1-3", name="sweep", idempotency_key="sweep-1")
+    assert submitted.created and submitted.array.task_count == 3
+    tasks = list(client.jobs(array=submitted.array.id))
+    assert len(tasks) == 3 and {t.name for t in tasks} <= {"sweep", *(f"sweep[{i}]" for i in range(1, 4))}
+    again = client.submit(["python", "sweep.py"], array="1-3", name="sweep", idempotency_key="sweep-1")
+    assert again.created is False and again.array.id == submitted.array.id
+    counted = client.submit(["python", "sweep.py"], array=4)
+    assert counted.array.task_count == 4
+    with pytest.raises(ValueError):
+        counted.job  # noqa: B018  (an array has no single job)
 
 
 @pytest.mark.integration

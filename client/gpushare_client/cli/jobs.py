@@ -234,24 +234,29 @@ def submit(array, wait, timeout, logs, cancel_on_timeout, quiet, idempotency_key
     body = job_body(**fields)
     client = state().client()
     submitted = client.submit(body=body, array=array, idempotency_key=_key(idempotency_key))
-    jobs = submitted.jobs
+    verb = "submitted" if submitted.created else "already submitted (same Idempotency-Key)"
+    if submitted.array is not None:
+        group = submitted.array
+        if wait:
+            raise UsageError("--wait follows one job; an array's tasks are listed by gpushare list --array ID")
+        if state().json:
+            out_json(submitted.raw)
+        elif quiet:  # the tasks' job ids, one per line (what `gpushare wait` and `cancel` take)
+            for job_id in sorted(j.id for j in client.jobs(array=group.id, page_size=500)):
+                out(str(job_id))
+        else:
+            out(f"job array {group.id} {verb}: {group.task_count} tasks (gpushare list --array {group.id})")
+        return 0
+    jobs = [submitted.job]
     if state().json:
         if not wait:  # with --wait, the finished job is the result
             out_json(submitted.raw)
     elif quiet:
-        for job in jobs:
-            out(str(job.id))
+        out(str(jobs[0].id))
     else:
-        verb = "submitted" if submitted.created else "already submitted (same Idempotency-Key)"
-        if len(jobs) == 1:
-            line = f"job {jobs[0].id} {verb}: {jobs[0].state}{queue_text(jobs[0])}"
-        else:
-            line = f"job array {verb}: {len(jobs)} tasks, jobs {jobs[0].id}-{jobs[-1].id}"
-        (err if wait else out)(line)
+        (err if wait else out)(f"job {jobs[0].id} {verb}: {jobs[0].state}{queue_text(jobs[0])}")
     if not wait:
         return 0
-    if len(jobs) != 1:
-        raise UsageError("--wait follows one job; wait for an array's tasks with gpushare wait ID")
     log_out = sys.stderr if state().json else sys.stdout
     return follow(
         _watch(jobs[0].id, logs=logs),
@@ -384,12 +389,15 @@ def status(job_id) -> int:
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only this state; repeat.")
 @click.option("--kind", type=click.Choice(["training", "inference"]))
 @click.option("--name", help="Jobs whose name contains this.")
+@click.option("--array", "array_id", type=int, metavar="ID", help="Only the tasks of this job array.")
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True, help="At most this many (newest).")
 @output_options
-def list_jobs(states, kind, name, limit) -> int:
+def list_jobs(states, kind, name, array_id, limit) -> int:
     """List jobs, newest first."""
     jobs = list(
-        state().client().jobs(state=list(states) or None, kind=kind, name=name, page_size=min(limit, 500), limit=limit)
+        state()
+        .client()
+        .jobs(state=list(states) or None, kind=kind, name=name, array=array_id, page_size=min(limit, 500), limit=limit)
     )
     if state().json:
         out_json({"results": [j.raw for j in jobs]})
