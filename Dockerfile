@@ -5,7 +5,7 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e . \
+RUN pip install --no-cache-dir --no-deps -e . && pip install --no-cache-dir --no-deps -e client \
     && DJANGO_SETTINGS_MODULE=gpushare.settings.dev python manage.py collectstatic --noinput -v 0
 # /app/var holds local state; its subfolders are mount points (compose volumes, Kubernetes
 # emptyDir/hostPath) that start owned by the gpushare user.

@@ -16,9 +16,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps -e client
 	@touch $@
 
 $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed

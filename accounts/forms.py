@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib.auth import get_user_model, password_validation
+from django.contrib.auth.forms import AuthenticationForm
 from django.core.validators import validate_slug
 
 from .models import Tenant
 
 RESERVED_SLUGS = frozenset({"admin", "api", "accounts", "console", "billing", "static", "www", "gpushare"})
+
+
+class EmailLoginForm(AuthenticationForm):
+    """Django's login form, labelled for what users sign in with: their email."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields["username"]
+        field.label = "Email"
+        field.widget.attrs.update({"autocomplete": "username", "inputmode": "email", "placeholder": "you@example.com"})
+        self.error_messages["invalid_login"] = (
+            "That email and password do not match an account (both are case-sensitive)."
+        )
 
 
 class PasswordPairMixin:

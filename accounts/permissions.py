@@ -56,6 +56,7 @@ ACTIONS: dict[str, frozenset[str]] = {
     "billing.manage": OWNERS,
     "audit.read": OWNERS,
     "tenant.delete": OWNERS,
+    "webhooks.manage": MANAGERS,  # register, change, re-send; see deliveries and secrets
 }
 
 # An action a role may do only to objects it owns, unless the role also has the "_any" action.

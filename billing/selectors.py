@@ -192,7 +192,7 @@ def usage_summary(*, tenant: Tenant, start: datetime, end: datetime, group_by: s
             group_by: (EPOCH + timedelta(days=r["key"])).isoformat() if group_by == "day" else r["key"],
             "held_gpu_seconds": Decimal(r["gpu_ms"]) / 1000,
             "used_gpu_seconds": Decimal(r["sm"]) / 1000,
-            "cost": rating.line_round(r["amount"]),
+            "cost": r["amount"],  # exact: the API never rounds money (invoices round per line)
         }
         for r in rows
     ]

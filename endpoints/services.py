@@ -19,6 +19,7 @@ from accounts.models import Tenant
 from accounts.services import audit_record
 from scheduler import services as scheduler_services
 from scheduler.models import TERMINAL_STATES, JobKind, JobState
+from webhooks import emit as webhook_emit
 
 from .autoscale import Load, desired_replicas
 from .models import Endpoint, EndpointLoad, EndpointMinute, Replica, ScalingEvent
@@ -204,6 +205,7 @@ def _autoscale(endpoint_id: int) -> AutoscaleResult:
             replica.state = Replica.State.STOPPED
             replica.stopped_at = now
             replica.save(update_fields=["state", "stopped_at"])
+            webhook_emit.endpoint_replica_failed(endpoint, replica)
             result.stopped += 1
     live = [r for r in replicas if r.state != Replica.State.STOPPED]
     current = [
@@ -236,6 +238,7 @@ def _autoscale(endpoint_id: int) -> AutoscaleResult:
         ScalingEvent.objects.create(
             tenant=endpoint.tenant, endpoint=endpoint, from_replicas=len(current), to_replicas=want, reason=reason
         )
+        webhook_emit.endpoint_scaled(endpoint, from_replicas=len(current), to_replicas=want, reason=reason)
     for _ in range(want - len(current)):
         _replica_start(endpoint)
         result.started += 1

@@ -2,14 +2,16 @@
 the error answers in the OpenAPI schema, and Django-level errors on /api/ paths.
 
 Errors always look like ``{"error": {"code": ..., "message": ..., "fields": {...}}}``
-with a stable ``code`` (ERROR_CODES): invalid, not_found, quota_exceeded,
-budget_exhausted, unauthenticated, forbidden, conflict, rate_limited, too_large,
-server_error. docs/api.md has the table of codes and HTTP statuses.
+with a stable ``code`` (ERROR_CODES): invalid, not_found, method_not_allowed,
+not_acceptable, unsupported_media_type, quota_exceeded, budget_exhausted,
+unauthenticated, forbidden, conflict, rate_limited, too_large, server_error.
+docs/api.md has the table of codes and HTTP statuses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -51,6 +53,9 @@ class ApiError(exceptions.APIException):
 ERROR_CODES = (
     "invalid",
     "not_found",
+    "method_not_allowed",
+    "not_acceptable",
+    "unsupported_media_type",
     "quota_exceeded",
     "budget_exhausted",
     "unauthenticated",
@@ -66,11 +71,11 @@ _CODE_BY_STATUS = {
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
-    405: "invalid",
-    406: "invalid",
+    405: "method_not_allowed",
+    406: "not_acceptable",
     409: "conflict",
     413: "too_large",
-    415: "invalid",
+    415: "unsupported_media_type",
     429: "rate_limited",
 }
 
@@ -167,12 +172,23 @@ class TenantScopedMixin:
         self._tenant_scope = contextlib.ExitStack()
         self._tenant_scope.enter_context(scope(tenant=request.auth.tenant))
 
-    def finalize_response(self, request, response, *args, **kwargs):
+    def _tenant_scope_close(self) -> None:
         stack = getattr(self, "_tenant_scope", None)
         if stack is not None:
             stack.close()
             self._tenant_scope = None
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        self._tenant_scope_close()
         return super().finalize_response(request, response, *args, **kwargs)
+
+    def dispatch(self, request, *args, **kwargs):
+        # An exception no handler turns into a response skips finalize_response: without this, the
+        # tenant's scope would stay active in the thread for whatever it serves next.
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            self._tenant_scope_close()
 
 
 def error_response(message: str, *, code: str, status_code: int = status.HTTP_400_BAD_REQUEST, fields=None):
@@ -269,10 +285,41 @@ def _json_error(status_code: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message, "fields": {}}}, status=status_code)
 
 
+# A refused body is read and thrown away (up to these bounds) before the 413 goes out.
+DRAIN_MAX_BYTES = 1 << 30
+DRAIN_MAX_S = 30.0
+
+
+def _drain(request, length: int) -> bool:
+    """Read and discard the request body; True when all of it was read within the bounds.
+
+    A client that sends its whole body before it reads the answer (``requests``,
+    most HTTP libraries) never sees a 413 sent early: the server closes a socket
+    with unread data, the kernel resets the connection, and the client's send
+    fails with a broken pipe. Reading the body first lets every client read the
+    answer; past the bounds the answer says ``Connection: close``.
+    """
+    if length > DRAIN_MAX_BYTES:
+        return False
+    deadline = time.monotonic() + DRAIN_MAX_S
+    left = length
+    try:
+        while left > 0 and time.monotonic() < deadline:
+            chunk = request.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except OSError:
+        return False
+    return left == 0
+
+
 class ApiBodyLimitMiddleware:
-    """Refuse an /api/ request body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` with 413, before anything reads it.
+    """Refuse an /api/ request body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` with 413 in the error shape.
 
     DRF's parsers read the raw stream, so Django's own check never fires for them.
+    The body is drained first (``_drain``) so that the client reads the 413
+    instead of a reset connection.
     """
 
     def __init__(self, get_response):
@@ -284,9 +331,16 @@ class ApiBodyLimitMiddleware:
             raw = request.META.get("CONTENT_LENGTH") or "0"
             length = int(raw) if raw.isascii() and raw.isdigit() else -1
             if length < 0:
-                return _json_error(400, "invalid", "Content-Length must be a non-negative integer.")
+                response = _json_error(400, "invalid", "Content-Length must be a non-negative integer.")
+                response["Connection"] = "close"
+                return response
             if length > limit:
-                return _json_error(413, "too_large", f"The request body is {length} bytes; the limit is {limit}.")
+                response = _json_error(
+                    413, "too_large", f"The request body is {length} bytes; the limit is {limit} bytes."
+                )
+                if not _drain(request, length):
+                    response["Connection"] = "close"
+                return response
         return self.get_response(request)
 
 

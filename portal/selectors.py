@@ -219,6 +219,36 @@ def job_series(job: Job, *, after_ms: int = 0, limit: int = 2000) -> Series:
     return series
 
 
+def job_live_sample(job: Job) -> dict | None:
+    """The agent's latest sample of a running job, as its node's last heartbeat carried it: the job's
+    own SM utilisation (mean over its GPUs) and memory; power only on whole GPUs (a shared GPU's power
+    is its neighbours' too). None when there is nothing newer to show than the metering windows."""
+    if job.state != JobState.RUNNING:
+        return None
+    held = (
+        Allocation.objects.filter(job=job, released_at__isnull=True)
+        .select_related("gpu__node")
+        .only("share_milli", "gpu__last_metrics", "gpu__node__last_heartbeat_at")
+    )
+    uses, power, at = [], 0.0, None
+    for allocation in held:
+        metrics = allocation.gpu.last_metrics or {}
+        use = (metrics.get("jobs") or {}).get(str(job.pk))
+        if use is None:
+            return None  # an agent that does not report per-job use yet, or a sample from before the job
+        uses.append(use)
+        power += float(metrics.get("power_w") or 0) if allocation.share_milli >= MILLI_PER_GPU else 0.0
+        at = allocation.gpu.node.last_heartbeat_at
+    if not uses or at is None:
+        return None
+    return {
+        "t": int(at.timestamp() * 1000),
+        "sm_util_pct": round(sum(float(u.get("sm_util") or 0) for u in uses) / len(uses), 1),
+        "memory_mb": int(sum(int(u.get("memory_mb") or 0) for u in uses)),
+        "power_w": round(power, 1) if job.mode == JobMode.DEDICATED else None,
+    }
+
+
 def queue_ahead(job: Job) -> int | None:
     from scheduler.selectors import queue_position
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
-from django.shortcuts import render, resolve_url
+from django.shortcuts import redirect, render, resolve_url
 from django_scopes import scope, scopes_disabled
 
 from accounts.models import Membership, Tenant
@@ -75,6 +75,12 @@ def _to_login(request):
     return redirect_to_login(request.get_full_path())
 
 
+def _to_console():
+    response = HttpResponse(status=204)
+    response["HX-Redirect"] = resolve_url("console:index")
+    return response
+
+
 def tenant_page(view=None, *, action: str | None = None):
     """Decorate a portal view: log-in required, tenant chosen, scope entered,
     ``action`` checked against the role (403 if not allowed).
@@ -90,6 +96,8 @@ def tenant_page(view=None, *, action: str | None = None):
                 return _to_login(request)
             ctx = portal_context(request)
             if ctx is None:
+                if request.user.is_staff:  # the operator: their pages are the console's
+                    return _to_console() if getattr(request, "htmx", False) else redirect("console:index")
                 return render(request, "portal/no_tenant.html", status=403)
             if action and not ctx.can(action):
                 raise PermissionDenied(f"Your role ({ctx.role}) cannot do this ({action}).")

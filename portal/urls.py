@@ -1,8 +1,8 @@
 """Portal pages, mounted at the site root."""
 
-from django.urls import path
+from django.urls import path, re_path
 
-from .views import common, dashboard, endpoints, jobs, team, usage
+from .views import common, dashboard, endpoints, jobs, team, usage, webhooks
 
 app_name = "portal"
 
@@ -21,8 +21,20 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics/", jobs.job_metrics, name="job_metrics"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job_cancel"),
     path("endpoints/", endpoints.endpoint_list, name="endpoints"),
+    path("endpoints/new/", endpoints.endpoint_create, name="endpoint_create"),
     path("endpoints/<int:pk>/", endpoints.endpoint_detail, name="endpoint"),
+    path("endpoints/<int:pk>/edit/", endpoints.endpoint_edit, name="endpoint_edit"),
+    path("endpoints/<int:pk>/scale/", endpoints.endpoint_scale, name="endpoint_scale"),
+    path("endpoints/<int:pk>/delete/", endpoints.endpoint_delete, name="endpoint_delete"),
     path("endpoints/<int:pk>/series/", endpoints.endpoint_series, name="endpoint_series"),
+    path("webhooks/", webhooks.webhook_list, name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks.webhook_detail, name="webhook"),
+    re_path(
+        r"^webhooks/(?P<pk>[0-9]+)/(?P<action>ping|rotate|enable|disable|delete)/$",
+        webhooks.webhook_action,
+        name="webhook_action",
+    ),
+    path("webhooks/<int:pk>/deliveries/<int:delivery_pk>/resend/", webhooks.delivery_resend, name="delivery_resend"),
     path("usage/", usage.usage, name="usage"),
     path("usage/payment-method/", usage.payment_method, name="payment_method"),
     path("team/", team.team, name="team"),

@@ -35,6 +35,7 @@ from django_scopes import scopes_disabled
 
 from agents.agent.brokerconf import node_queue
 from agents.models import Gpu, Node
+from webhooks import emit as webhook_emit
 
 from . import placement
 from .locks import pass_lock_acquire
@@ -413,6 +414,7 @@ def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tup
         },
     )
     rows_insert(JobEvent, ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"), events)
+    webhook_emit.jobs_scheduled(events)
     messages = launch_messages([d.job_id for d in placements])
     transaction.on_commit(lambda: nodes_send(messages))
 

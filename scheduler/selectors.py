@@ -65,6 +65,14 @@ def _chunks_join(chunks, *, offset: int, limit: int) -> tuple[bytes, int]:
     return bytes(out), next_offset
 
 
+def job_log_end(job: Job) -> int:
+    """The byte offset just past the job's last stored log chunk (0: no output)."""
+    from django.db.models.functions import Length
+
+    last = JobLogChunk.objects.filter(job=job).order_by("-offset").values("offset", size=Length("data")).first()
+    return last["offset"] + last["size"] if last else 0
+
+
 def job_log_poll(*, tenant, job_id, offset: int, limit: int = 1 << 20) -> tuple[Job, bytes, int] | None:
     """``(job, bytes from offset, next offset)`` for the tenant's job, or None (no such job for this tenant).
 

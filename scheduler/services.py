@@ -19,6 +19,7 @@ from django_scopes import scopes_disabled
 from accounts.models import Tenant
 from accounts.quotas import submission_check
 from agents.models import Node
+from webhooks import emit as webhook_emit
 
 from .models import (
     ACTIVE_STATES,
@@ -118,6 +119,7 @@ def job_transition(job: Job, to_state: str, detail: str = "", *, save_fields: tu
     job.state = to_state
     job.save(update_fields=["state", *save_fields])
     JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state=from_state, to_state=to_state, detail=detail)
+    webhook_emit.job_state_changed(job, from_state=from_state, detail=detail)
 
 
 def schedule_soon() -> None:
@@ -183,6 +185,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             pending_reason="waiting for the next scheduling pass",
         )
         JobEvent.objects.create(tenant=tenant, job=job, to_state=JobState.QUEUED, detail="submitted")
+        webhook_emit.job_state_changed(job, from_state=None, detail="submitted")
     schedule_soon()
     return job
 

@@ -129,8 +129,9 @@ def wait_ready(honcho: subprocess.Popen, checks: dict[str, str]) -> bool:
 def ready_banner(demo: dict, base: str, var: Path) -> str:
     acme, globex = demo["tenants"]["acme"], demo["tenants"]["globex"]
     password = demo["password"]
+    operator = demo.get("operator", "operator")
     ready = (
-        f"gpushare is ready at {base}/ , logins: operator / {password} (admin), {acme['user']} / {password} (acme), "
+        f"gpushare is ready at {base}/ , logins: {operator} / {password} (admin), {acme['user']} / {password} (acme), "
         f"{globex['user']} / {password} (globex); API token acme: {acme['token']} (all in {var / 'demo.json'})"
     )
     submit = '{"kind": "training", "gpus": 1, "command": ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]}'
@@ -146,6 +147,9 @@ def ready_banner(demo: dict, base: str, var: Path) -> str:
             f"  node        {NODE} with {SIM_GPUS}",
             f"  try:        curl -s -X POST {base}/api/v1/jobs/ -H 'Authorization: Bearer {acme['token']}' \\",
             f"                -H 'Content-Type: application/json' -d '{submit}'",
+            f"              curl -s http://127.0.0.1:{GATEWAY_PORT}/e/acme/echo/"
+            f" -H 'Authorization: Bearer {acme['token']}' -d hello",
+            '                (the demo endpoint "echo": scaled to zero, its first request starts a replica)',
             "  Ctrl-C stops everything.",
             "",
         ]

@@ -36,6 +36,7 @@ def process_env(extra: dict | None = None) -> dict:
         DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         REDIS_URL=settings.REDIS_URL,
         PYTHONUNBUFFERED="1",
+        GPUSHARE_WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32",  # the tests' webhook receivers listen on loopback
     )
     if db.get("PASSWORD"):
         env["DATABASE_URL"] = env["DATABASE_URL"].replace(f"{db['USER']}@", f"{db['USER']}:{db['PASSWORD']}@")

@@ -7,6 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django_scopes import scopes_disabled
 
+from webhooks import emit as webhook_emit
+
 from .. import quotas
 from ..models import AuditLog, Membership, Role, RunningJobsPolicy, Tenant, TenantQuota
 from .common import AccountsError, audit_record
@@ -189,6 +191,7 @@ def _budget_enforce_one(*, tenant: Tenant, usage: quotas.MonthUsage, now=None) -
     ):
         status = {"gpu_ms": usage.gpu_ms, "spend": str(usage.spend), "alert_percent": limits.budget_alert_percent}
         audit_record(actor=None, tenant=tenant, action="budget.alert", target=tenant.slug, after=status)
+        webhook_emit.budget(tenant, kind="threshold", month=since, status=status)
         if tenant.billing_email:
             transaction.on_commit(
                 lambda: send_mail(
@@ -202,6 +205,8 @@ def _budget_enforce_one(*, tenant: Tenant, usage: quotas.MonthUsage, now=None) -
             )
         alerted = 1
     refusal = quotas.budget_refusal(limits, usage)
+    if refusal is not None:
+        webhook_emit.budget(tenant, kind="exhausted", month=since, status={"reason": refusal.message.split(";")[0]})
     if refusal is not None and limits.on_budget_exhausted == RunningJobsPolicy.STOP:
         stopped = _running_jobs_stop(tenant=tenant, reason=f"stopped: {refusal.message.split(';')[0]}")
         if stopped:

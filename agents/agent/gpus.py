@@ -76,6 +76,8 @@ class GpuSample:
             "memory_used_mb": self.memory_used_mb,
             "power_w": self.power_w,
             "temperature_c": self.temperature_c,
+            # Each job's own latest use (the portal's live charts; a slice sees only its own).
+            "jobs": {str(job_id): {"sm_util": u.sm_util, "memory_mb": u.memory_mb} for job_id, u in self.jobs.items()},
         }
 
 

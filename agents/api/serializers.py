@@ -5,6 +5,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpushare.serializers import StrictStrings
+
 from ..models import Gpu, Node
 
 
@@ -68,5 +70,5 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NodeCommandSerializer(serializers.Serializer):
+class NodeCommandSerializer(StrictStrings, serializers.Serializer):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")

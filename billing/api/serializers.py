@@ -30,7 +30,7 @@ class UsageRowSerializer(serializers.Serializer):
     gpu_model = serializers.CharField(required=False)
     held_gpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
     used_gpu_seconds = serializers.DecimalField(max_digits=20, decimal_places=3)
-    cost = serializers.DecimalField(max_digits=14, decimal_places=2)
+    cost = serializers.DecimalField(max_digits=30, decimal_places=10)  # exact: the API never rounds money
 
 
 class EstimateQuerySerializer(serializers.Serializer):

@@ -108,8 +108,7 @@ class InvoiceViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveMo
     def get_serializer_class(self):
         return InvoiceSerializer if self.action == "list" else InvoiceDetailSerializer
 
-    @extend_schema(responses={(200, "text/csv"): str})
+    @extend_schema(description="Per-job detail of the invoice as CSV.", responses={(200, "text/csv"): str})
     @action(detail=True, methods=["get"])
     def csv(self, request, pk=None):
-        """Per-job detail of the invoice as CSV."""
         return invoice_csv_response(self.get_object())

@@ -13,6 +13,7 @@ from django_scopes import scopes_disabled
 from psycopg2.extras import execute_values
 
 from accounts.models import Tenant
+from webhooks import emit as webhook_emit
 
 from .. import rating
 from ..models import INVOICE_TRANSITIONS, Charge, ChargeBatch, Invoice, InvoiceLine
@@ -32,6 +33,7 @@ def invoice_transition(invoice: Invoice, to_state: str, *, save_fields: tuple[st
         raise InvoiceError(f"invoice {invoice.pk} cannot go from {invoice.state} to {to_state}")
     invoice.state = to_state
     invoice.save(update_fields=["state", *save_fields])
+    webhook_emit.invoice_state_changed(invoice)
 
 
 @scopes_disabled()

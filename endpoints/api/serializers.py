@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from rest_framework import serializers
 
+from gpushare.serializers import StrictStrings, money_exact
 from scheduler.api.serializers import EnvField, GpusField
 
 from ..models import Endpoint, Replica, ScalingEvent
@@ -13,7 +12,7 @@ from ..models import Endpoint, Replica, ScalingEvent
 MAX_REPLICAS = 64
 
 
-class EndpointWriteSerializer(serializers.Serializer):
+class EndpointWriteSerializer(StrictStrings, serializers.Serializer):
     name = serializers.SlugField(max_length=63)
     command = serializers.ListField(child=serializers.CharField(max_length=8192), min_length=1, max_length=1000)
     image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
@@ -101,7 +100,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         return ReplicaSerializer(live, many=True).data
 
     def get_cost(self, endpoint) -> str:
-        return str(endpoint.cost_total.quantize(Decimal("0.000001")))  # annotated: selectors.with_totals
+        return money_exact(endpoint.cost_total)  # annotated: selectors.with_totals; exact, as all API money
 
     def get_replica_seconds(self, endpoint) -> float:
         # gpu_ms is held GPU time × the slice fraction: divide it back out.

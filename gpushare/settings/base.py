@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "portal",
     "console",
     "endpoints",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -77,10 +78,12 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "gpushare.api.ApiBodyLimitMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "gpushare.api_edges.ApiExceptionMiddleware",
     "axes.middleware.AxesMiddleware",  # keep last: turns a locked-out login into the lockout page
 ]
 
 ROOT_URLCONF = "gpushare.urls"
+CSRF_FAILURE_VIEW = "gpushare.api_edges.csrf_failure"  # the API's error shape on /api/ paths
 WSGI_APPLICATION = "gpushare.wsgi.application"
 
 TEMPLATES = [
@@ -157,7 +160,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gpushare.api.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpushare.schema.PublicAutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [
@@ -223,6 +226,7 @@ CELERY_BEAT_SCHEDULE = {
     "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
     "scheduler-launches-resend": {"task": "scheduler.launches_resend", "schedule": 15.0},
     "endpoints-minutes-prune": {"task": "endpoints.minutes_prune", "schedule": 3600.0},
+    "webhooks-deliveries-due": {"task": "webhooks.deliveries_due", "schedule": 5.0},
 }
 
 # --- gpushare -------------------------------------------------------------
@@ -243,6 +247,8 @@ GPUSHARE = {
     # Bearer token Prometheus sends to /metrics (web, gateway, worker, beat, agent); blank: metrics off
     # except on a DEBUG server's loopback (and the worker/beat/agent ports, which bind 127.0.0.1).
     "METRICS_TOKEN": os.environ.get("GPUSHARE_METRICS_TOKEN", ""),
+    # Webhooks reach public addresses only, and these networks (CIDRs, comma-separated) the operator allows.
+    "WEBHOOK_ALLOWED_NETWORKS": os.environ.get("GPUSHARE_WEBHOOK_ALLOWED_NETWORKS", ""),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")

@@ -5,21 +5,56 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 
 from django import template
+from django.utils.html import format_html
 
 register = template.Library()
 
 
-@register.filter
-def money(value, places: int | None = None) -> str:
-    """$1,234.57 (rounded half-up for display; invoices round per line).
-    Without ``places``: cents, or 4 places for amounts under a dollar."""
+CENT = Decimal("0.01")
+
+
+def money_text(value) -> str:
+    """A page's figure: rounded half-up to the cent, "<$0.01" for a positive amount below half a cent."""
     if value in (None, ""):
         return "—"
-    if places is None:
-        places = 4 if 0 < abs(Decimal(value)) < 1 else 2
-    amount = Decimal(value).quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_UP)
+    exact = Decimal(value)
+    amount = exact.quantize(CENT, rounding=ROUND_HALF_UP)
+    if amount == 0 and exact > 0:
+        return "<$0.01"
     sign = "-" if amount < 0 else ""
     return f"{sign}${abs(amount):,}"
+
+
+def money_exact(value) -> str:
+    """The exact figure (the API's), without trailing zeros past the cent: $0.0123456789, $2.50."""
+    exact = Decimal(value or 0)
+    text = format(exact.normalize(), "f")
+    if "." not in text or len(text.split(".")[1]) < 2:
+        text = format(exact.quantize(CENT), "f")
+    return f"-${text[1:]}" if text.startswith("-") else f"${text}"
+
+
+@register.filter
+def money(value, _places=None) -> str:
+    """Money on a page (docs/billing.md, "Money on screen"): to the cent, the exact figure on hover.
+    Invoices show what was billed instead (``billed``); the API gives exact figures."""
+    if value in (None, ""):
+        return "—"
+    return format_html('<span class="money" title="{} exact">{}</span>', money_exact(value), money_text(value))
+
+
+@register.filter
+def billed(value) -> str:
+    """An invoice's amount as billed (each line rounded once, half up, to the cent; the total their sum)."""
+    if value in (None, ""):
+        return "—"
+    amount = Decimal(value).quantize(CENT, rounding=ROUND_HALF_UP)
+    return f"{'-' if amount < 0 else ''}${abs(amount):,}"
+
+
+def counted(n: int, word: str, words: str | None = None) -> str:
+    """ "1 job", "2 jobs": the plural rule for the portal's sentences."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 @register.filter

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from accounts import quotas
 
 from .. import selectors
+from ..templatetags.portal import counted
 from ..tenancy import tenant_page
 from .common import page
 
@@ -18,11 +21,25 @@ def _alerts(*, spend: selectors.Spend, failures: list, live: list) -> list[dict]
     elif spend.budget and spend.projected >= spend.budget:
         alerts.append({"level": "warn", "text": "At this pace, spend will reach the budget before the month ends."})
     if failures:
-        alerts.append({"level": "warn", "text": f"{len(failures)} job(s) failed or were lost in the last 7 days."})
+        were = "was" if len(failures) == 1 else "were"
+        text = f"{counted(len(failures), 'job')} failed or {were} lost in the last 7 days."
+        alerts.append({"level": "warn", "text": text})
     waiting = [j for j in live if j.state == "queued" and j.pending_reason]
     if waiting:
-        alerts.append({"level": "info", "text": f"{len(waiting)} job(s) waiting: {waiting[0].pending_reason}."})
+        alerts.append({"level": "info", "text": waiting_text(waiting)})
     return alerts
+
+
+def waiting_text(waiting: list) -> str:
+    """ "1 job waiting: no node has 8 GPUs." Each reason with the number of jobs it holds back,
+    the most common first (the jobs of one banner rarely wait for the same reason)."""
+    reasons = Counter(j.pending_reason.rstrip(".") for j in waiting)
+    if len(reasons) == 1:
+        return f"{counted(len(waiting), 'job')} waiting: {next(iter(reasons))}."
+    shown = [f"{counted(n, 'job')}: {reason}" for reason, n in reasons.most_common(3)]
+    more = len(reasons) - len(shown)
+    rest = f"; and {counted(more, 'other reason')}" if more else ""
+    return f"{counted(len(waiting), 'job')} waiting ({'; '.join(shown)}{rest})."
 
 
 @tenant_page

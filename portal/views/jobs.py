@@ -22,7 +22,7 @@ from scheduler.selectors import job_log_read, jobs_for_tenant
 
 from .. import selectors
 from ..forms import JobSubmitForm, cli_for, curl_for, form_initial_from_job
-from ..templatetags.portal import money
+from ..templatetags.portal import counted, money_exact, money_text
 from ..tenancy import tenant_page
 from .common import page
 
@@ -123,7 +123,7 @@ def job_bulk_cancel(request):
             services.job_cancel(job=job, actor=request.user)
             cancelled += 1
     skipped = len(ids) - cancelled - refused
-    text = f"Cancelling {cancelled} job(s)."
+    text = f"Cancelling {counted(cancelled, 'job')}."
     if skipped:
         text += f" {skipped} already finished or not found, left as they are."
     if refused:
@@ -285,8 +285,10 @@ def job_metrics(request, pk: int):
         {
             **series.__dict__,
             "done": job.state in TERMINAL_STATES,
+            "live": selectors.job_live_sample(job),
             "cost": str(job.cost),
-            "cost_display": money(job.cost, 4),
+            "cost_display": money_text(job.cost),
+            "cost_exact": money_exact(job.cost),
         }
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.db.models import Count, Q, Sum
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -54,9 +54,8 @@ class QuotaMonthSerializer(serializers.Serializer):
     exhausted = serializers.BooleanField(help_text="The month's GPU-hours or spend is used up: submissions refused.")
 
 
+@extend_schema_serializer(description="null in `limits` or `headroom` means no limit.")
 class QuotaSerializer(serializers.Serializer):
-    """null in ``limits`` or ``headroom`` means no limit."""
-
     limits = QuotaLimitsSerializer()
     current = QuotaHoldingSerializer()
     headroom = QuotaHeadroomSerializer()

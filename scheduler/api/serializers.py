@@ -8,6 +8,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpushare.serializers import StrictStrings, money_exact
+
 from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
 from ..models import MILLI_PER_GPU, Job, JobArray, JobKind, JobState
 from ..selectors import job_gpu_uuids
@@ -102,7 +104,7 @@ class ArrayField(serializers.Field):
         return value
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(StrictStrings, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     kind = serializers.ChoiceField(choices=JobKind.choices)
     gpus = GpusField()
@@ -299,9 +301,9 @@ class JobSerializer(serializers.ModelSerializer):
             positions = queue_positions(job_ids=[job.pk])
         return positions.get(job.pk)
 
-    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=6, coerce_to_string=True))
+    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=10, coerce_to_string=True))
     def get_cost(self, job: Job) -> str:
-        return str(Decimal(job.cost).quantize(Decimal("0.000001")))  # a job just created holds the int default
+        return money_exact(job.cost)  # the API's money is exact (docs/billing.md)
 
     @extend_schema_field(JobUsageSerializer)
     def get_usage(self, job: Job) -> dict:

@@ -24,7 +24,7 @@ from gpushare.pagination import KeysetPagination
 
 from .. import services
 from ..models import TERMINAL_STATES, Job, JobState
-from ..selectors import job_log_poll, jobs_for_tenant
+from ..selectors import job_log_end, job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
 from .selectors import job_metric_series, queue_positions_ranked, with_api_fields
@@ -171,7 +171,9 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             "offset": int(raw),
             "next_offset": next_offset,
             "data": data.decode("utf-8", errors="replace"),
-            "complete": bool(settled and not data),
+            # Settled, and this read reached the end: one call can read a finished job's whole log
+            # (the end is looked up only then, so polling a running job stays one query).
+            "complete": bool(settled and (not data or next_offset >= job_log_end(job))),
         }
         return Response(body)
 

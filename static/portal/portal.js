@@ -38,6 +38,16 @@
     }
   });
 
+  // --- the navigation menu at phone width: <button data-nav-toggle aria-controls="...">
+  document.addEventListener("click", function (event) {
+    var toggle = event.target.closest("[data-nav-toggle]");
+    if (!toggle) return;
+    var menu = document.getElementById(toggle.getAttribute("aria-controls"));
+    var open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    if (menu) menu.classList.toggle("open", open);
+  });
+
   // --- live validation shows errors only for fields the user has touched
   function touch(event) {
     var form = event.target.form;
@@ -88,24 +98,34 @@
     };
     var after = 0, idleAfterDone = 0;
     var points = document.querySelector("[data-points]");
+    // The agent's latest samples (from its heartbeats) are drawn after the last metering window
+    // until a window covers them: the charts move from the job's first seconds on.
+    var live = [], drawnLive = 0;
+    function push(label, sm, mem, power) {
+      charts.sm.data.labels.push(label); charts.sm.data.datasets[0].data.push(sm);
+      charts.mem.data.labels.push(label); charts.mem.data.datasets[0].data.push(mem);
+      charts.power.data.labels.push(label); charts.power.data.datasets[0].data.push(power);
+    }
     function poll() {
       fetch(url + "?after=" + after, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
         .then(function (r) { return r.json(); })
         .then(function (s) {
-          for (var i = 0; i < s.t.length; i++) {
-            var label = clock(s.t[i]);
-            charts.sm.data.labels.push(label); charts.sm.data.datasets[0].data.push(s.sm_util_pct[i]);
-            charts.mem.data.labels.push(label); charts.mem.data.datasets[0].data.push(s.memory_mb[i]);
-            charts.power.data.labels.push(label); charts.power.data.datasets[0].data.push(s.power_w[i]);
-          }
-          if (s.t.length) {
-            after = s.t[s.t.length - 1];
-            Object.keys(charts).forEach(function (k) { charts[k].update(); });
-          }
+          Object.keys(charts).forEach(function (k) {
+            charts[k].data.labels.splice(charts[k].data.labels.length - drawnLive, drawnLive);
+            charts[k].data.datasets[0].data.splice(charts[k].data.datasets[0].data.length - drawnLive, drawnLive);
+          });
+          for (var i = 0; i < s.t.length; i++) push(clock(s.t[i]), s.sm_util_pct[i], s.memory_mb[i], s.power_w[i]);
+          if (s.t.length) after = s.t[s.t.length - 1];
+          if (s.live && (!live.length || s.live.t > live[live.length - 1].t)) live.push(s.live);
+          live = s.done ? [] : live.filter(function (p) { return p.t > after; });
+          live.forEach(function (p) { push(clock(p.t) + " (live)", p.sm_util_pct, p.memory_mb, p.power_w); });
+          drawnLive = live.length;
+          root.setAttribute("data-live", String(drawnLive));
+          Object.keys(charts).forEach(function (k) { charts[k].update(); });
           if (points) points.textContent = String(charts.sm.data.labels.length);
           root.setAttribute("data-count", String(charts.sm.data.labels.length));
           var cost = document.getElementById("cost-so-far");
-          if (cost && s.cost_display) cost.textContent = s.cost_display;
+          if (cost && s.cost_display) { cost.textContent = s.cost_display; cost.title = s.cost_exact + " exact"; }
           if (s.done) idleAfterDone = s.t.length ? 0 : idleAfterDone + 1;
           if (!s.done || idleAfterDone < 3) setTimeout(poll, 2000);
         })

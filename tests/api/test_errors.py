@@ -83,7 +83,7 @@ def test_malformed_bodies_are_400(rules, tenant, api_client_for, raw, content_ty
 
 def test_unsupported_media_type_is_415(rules, tenant, api_client_for):
     response = api_client_for(tenant).post("/api/v1/jobs/", b"<job/>", content_type="application/xml")
-    assert_error(response, 415, "invalid")
+    assert_error(response, 415, "unsupported_media_type")
 
 
 def test_oversized_body_is_413(rules, tenant, api_client_for, settings):
@@ -110,8 +110,8 @@ def test_unknown_paths_and_methods(rules, tenant, api_client_for):
     assert_error(client.get("/api/v1/jobs/abc/"), 404, "not_found")
     assert_error(client.get("/api/v1/jobs/99999999999999999999999/"), 404, "not_found")
     assert_error(client.get("/api/v1/jobs/%FF%FE/"), 404, "not_found")
-    assert_error(client.delete("/api/v1/jobs/"), 405, "invalid")
-    assert_error(client.put("/api/v1/jobs/", GOOD, format="json"), 405, "invalid")
+    assert_error(client.delete("/api/v1/jobs/"), 405, "method_not_allowed")
+    assert_error(client.put("/api/v1/jobs/", GOOD, format="json"), 405, "method_not_allowed")
 
 
 def test_bad_non_utf8_header_values(rules, tenant, api_client_for):

@@ -54,7 +54,7 @@ def test_job_shows_every_contract_field(rules, tenant, api_client_for):
     assert job["gpus"] == 0.25 and job["mode"] == "shared" and job["state"] == "queued"
     assert job["queue_position"] == 1
     assert job["estimated_start"] is None and job["node"] is None and job["gpu_uuids"] == []
-    assert job["cost"] == "0.000000"
+    assert job["cost"] == "0.0000000000"  # exact, as all API money
     assert job["usage"] == {"gpu_seconds": 0.0, "sm_util_avg": None, "memory_peak_mb": 0, "energy_wh": 0.0}
 
     with scopes_disabled():
@@ -86,7 +86,7 @@ def test_placed_job_shows_node_gpus_isolation_and_usage(rules, tenant, api_clien
     assert body["gpu_uuids"] == ["GPU-node-1-0", "GPU-node-1-1"]
     assert body["isolation"] == "exclusive"
     assert body["queue_position"] is None
-    assert body["cost"] == "0.012346"
+    assert body["cost"] == "0.0123456789"  # exact, never rounded
     # 10 GPU-seconds on 2 GPUs = 5 s held; 8 s of SM time over 2 GPUs x 5 s = 80 %.
     assert body["usage"] == {"gpu_seconds": 10.0, "sm_util_avg": 80.0, "memory_peak_mb": 4000, "energy_wh": 2.0}
 

@@ -42,7 +42,7 @@ def test_usage_grouped_by_day_job_and_model(usage, tenant, api_client_for):
     by_model = client.get("/api/v1/usage/", {**params, "group_by": "gpu_model"}).json()
 
     assert by_day["results"] == [
-        {"day": "2026-03-30", "held_gpu_seconds": "900.000", "used_gpu_seconds": "450.000", "cost": "0.62"}
+        {"day": "2026-03-30", "held_gpu_seconds": "900.000", "used_gpu_seconds": "450.000", "cost": "0.6225000000"}
     ]
     assert [r["job"] for r in by_job["results"]] == [job.pk]  # not the other tenant's job
     assert by_model["results"][0]["gpu_model"] == "H100-80GB"

@@ -16,7 +16,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Membership, Role
 from accounts.services import tenant_create
-from portal.templatetags.portal import money
+from portal.templatetags.portal import money_exact, money_text
 from scheduler.models import Job, JobState
 from tests.factories import member_add
 
@@ -142,8 +142,9 @@ def test_engineer_submits_from_the_form_and_watches_it_run(platform, agent_facto
     # Its cost on the usage page, as metered.
     page.goto("/usage/")
     row = page.locator(f"#usage-by-job tr[data-job='{job_id}']")
-    assert money(job.cost, 4) in row.inner_text()
-    assert page.locator("#usage-total").inner_text().strip() == money(job.cost, 4)
+    assert money_text(job.cost) in row.inner_text()
+    assert page.locator("#usage-total").inner_text().strip() == money_text(job.cost)
+    assert page.locator("#usage-total .money").get_attribute("title") == f"{money_exact(job.cost)} exact"
     page.wait_for_function("() => document.querySelector('canvas[data-usage-chart]').width > 0")
     assert page.evaluate("Chart.getChart(document.querySelector('canvas[data-model-chart]')).data.labels") == [
         f"{job.node.gpus.get(uuid=gpu_uuid).model} dedicated"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from django_scopes import scopes_disabled
 
-from cli.main import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE, job_exit_code
+from gpushare_client import Job as ApiJob
+from gpushare_client.cli import job_exit_code
+from gpushare_client.cli.app import EXIT_API, EXIT_CANCELLED, EXIT_GAVE_UP, EXIT_TIMEOUT, EXIT_USAGE
 from scheduler.models import Job
 from tests.factories import TenantFactory, platform_rules_seed, token_for, wait_for
 
@@ -36,7 +38,12 @@ def run_cli(url: str, token: str, *args: str, timeout: float = 120, env_extra=No
         **(env_extra or {}),
     }
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "gpushare_client", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -59,9 +66,12 @@ def test_submit_wait_returns_the_jobs_exit_code_and_streams_its_log(platform, ag
     assert "failed" in done.stderr and "exit code 7" in done.stderr
     assert "queued" in done.stderr  # progress lines while waiting
 
-    ok = run_cli(platform.url, token, "submit", "--wait", "--gpus", "0.25", "--", sys.executable, "-c", "print(1)")
+    ok = run_cli(
+        platform.url, token, "submit", "-q", "--wait", "--gpus", "0.25", "--", sys.executable, "-c", "print(1)"
+    )
     assert ok.returncode == 0, ok.stderr
-    job_id = int(ok.stdout.split()[0])
+    job_id = int(ok.stdout)  # -q: the job id alone, nothing else on stdout
+    assert ok.stderr == ""
     with scopes_disabled():
         job = Job.objects.get(pk=job_id)
     assert job.kind == "inference" and job.gpu_milli == 250 and job.state == "succeeded"
@@ -87,9 +97,10 @@ def test_logs_follow_streams_until_the_job_ends(platform, agent_factory, tmp_pat
     script = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)\n"
     job_file = tmp_path / "job.yaml"
     job_file.write_text(f"name: follow-me\nkind: training\ngpus: 1\ncommand: [{sys.executable!r}, -c, {script!r}]\n")
-    submitted = run_cli(platform.url, token, "submit", "-f", str(job_file))
+    submitted = run_cli(platform.url, token, "submit", "-q", "-f", str(job_file))
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
+    assert job_id.isdigit()
     follow = run_cli(platform.url, token, "logs", "--follow", job_id, timeout=120)
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout == "".join(f"line {i}\n" for i in range(6))
@@ -183,10 +194,10 @@ def test_a_lost_response_during_submit_does_not_create_a_second_job(live_server,
     assert proxy.dropped.is_set(), "the proxy dropped the first answer"
     assert proxy.connections >= 2, "the CLI retried"
     assert done.returncode == 0, done.stderr
-    assert "already submitted" in done.stderr  # the retry got the first attempt's job back
+    assert "already submitted" in done.stdout  # the retry got the first attempt's job back
     jobs = jobs_of(tenant)
     assert len(jobs) == 1
-    assert int(done.stdout.strip()) == jobs[0].pk
+    assert done.stdout.startswith(f"job {jobs[0].pk} already submitted")
 
 
 def test_wait_rides_out_a_platform_outage(live_server, transactional_db):
@@ -195,7 +206,7 @@ def test_wait_rides_out_a_platform_outage(live_server, transactional_db):
     platform_rules_seed()
     tenant = TenantFactory(slug="outage")
     token = token_for(tenant)
-    submitted = run_cli(live_server.url, token, "submit", "--", "python", "x.py")
+    submitted = run_cli(live_server.url, token, "submit", "-q", "--", "python", "x.py")
     job_id = int(submitted.stdout.strip())
     proxy = FlakyProxy(int(live_server.url.rsplit(":", 1)[1]))
     env = {
@@ -206,7 +217,7 @@ def test_wait_rides_out_a_platform_outage(live_server, transactional_db):
         "XDG_CONFIG_HOME": str(ROOT / "var" / "no-config"),
     }
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "cli", "--retries", "1", "wait", str(job_id)],
+        [sys.executable, "-m", "gpushare_client", "--retries", "1", "wait", str(job_id)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -247,8 +258,13 @@ def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
     platform_rules_seed()
     tenant = TenantFactory(slug="conf")
     token = token_for(tenant)
-    bad = run_cli(live_server.url, token, "submit", "--gpus", "0.3", "--", "x")
-    assert bad.returncode == EXIT_API and "gpus" in bad.stderr
+    bad = run_cli(live_server.url, token, "submit", "--priority", "vip-please", "--", "x")
+    assert bad.returncode == EXIT_API and "priority" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr  # said once
+    odd = run_cli(live_server.url, token, "submit", "--gpus", "3.5", "--", "x")
+    assert odd.returncode == EXIT_USAGE
+    assert odd.stderr.count("3.5") == 1 and "0.125, 0.25 or 0.5" in odd.stderr, odd.stderr
+    assert not jobs_of(tenant)
     assert run_cli(live_server.url, "gps_wrong", "list").returncode == EXIT_API
     other = TenantFactory(slug="other")
     assert run_cli(live_server.url, token_for(other), "status", "999999").returncode == EXIT_API
@@ -259,7 +275,7 @@ def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
     (tmp_path / "gpushare" / "config.toml").write_text(f'url = "{live_server.url}"\ntoken = "{token}"\n')
     from_file = run_cli("", "", "list", "--json", tmp_path=tmp_path)
     assert from_file.returncode == 0, from_file.stderr
-    assert '"results": []' in from_file.stdout
+    assert json.loads(from_file.stdout) == {"results": []}
     assert run_cli("", "", "list", tmp_path=tmp_path / "nowhere").returncode == EXIT_USAGE
 
 
@@ -277,7 +293,7 @@ def test_refusals_and_configuration(live_server, transactional_db, tmp_path):
     ],
 )
 def test_exit_codes(job, code):
-    assert job_exit_code(job) == code
+    assert job_exit_code(ApiJob.from_api({"id": 1, "kind": "training", "gpus": 1, **job})) == code
 
 
 def test_quota_usage_and_estimate(live_server, transactional_db):
@@ -303,7 +319,7 @@ def test_cancel_stops_a_running_job(platform, agent_factory):
     tenant = TenantFactory(slug="ci")
     token = token_for(tenant)
     script = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
-    submitted = run_cli(platform.url, token, "submit", "--", sys.executable, "-c", script)
+    submitted = run_cli(platform.url, token, "submit", "-q", "--", sys.executable, "-c", script)
     job_id = submitted.stdout.strip()
     session = platform.session_for(tenant)
     wait_for(

@@ -17,11 +17,12 @@ import time
 import pytest
 from django_scopes import scopes_disabled
 
-from cli.client import ApiError
-from cli.endpoints import cmd_delete, cmd_deploy
-from cli.main import EXIT_API, EXIT_TIMEOUT, EXIT_USAGE, args_parse
 from endpoints.models import Endpoint, Replica
 from endpoints.services import endpoint_autoscale, endpoint_update
+from gpushare_client import Conflict, NotFound
+from gpushare_client import Endpoint as ApiEndpoint
+from gpushare_client.cli import run_cli as cli_in_process
+from gpushare_client.cli.app import EXIT_API, EXIT_TIMEOUT, EXIT_USAGE, State
 from scheduler.models import JobLogChunk
 from scheduler.services import job_cancel
 from tests.cli.test_cli import ROOT, run_cli
@@ -69,7 +70,7 @@ def cli_env(url: str, token: str) -> dict:
 def cli_start(url: str, token: str, *args: str, stdin=None) -> subprocess.Popen:
     """The CLI as a process that keeps running while the test changes the platform under it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "gpushare_client", *args],
         cwd=ROOT,
         env=cli_env(url, token),
         stdin=stdin,
@@ -157,11 +158,12 @@ def test_list_shows_the_tenants_endpoints(acme):
     assert listed.returncode == 0, listed.stderr
     header, *rows = listed.stdout.splitlines()
     assert header.split() == ["NAME", "VERSION", "READY/LIVE", "MIN-MAX", "GPUS", "COST", "URL"]
-    assert [row.split() for row in rows] == [
-        ["alpha", "1", "0/2", "2-2", "0.25", "0.000000", "/e/acme/alpha/"],
-        ["beta-model", "1", "0/0", "0-2", "1", "0.000000", "/e/acme/beta-model/"],
-    ]
     as_json = json.loads(run_cli(url, token, "endpoint", "list", "--json").stdout)
+    cost = f"${as_json[0]['cost']}"  # the API's exact figure, as it is
+    assert [row.split() for row in rows] == [
+        ["alpha", "1", "0/2", "2-2", "0.25", cost, "/e/acme/alpha/"],
+        ["beta-model", "1", "0/0", "0-2", "1", cost, "/e/acme/beta-model/"],
+    ]
     assert [e["name"] for e in as_json] == ["alpha", "beta-model"]
 
 
@@ -231,8 +233,8 @@ def test_unknown_names_bad_input_and_another_tenants_endpoint(acme):
         assert Endpoint.objects.get(name="theirs").state == Endpoint.State.ACTIVE
 
     bad_slice = run_cli(url, token, "endpoint", "deploy", "echo", "--gpus", "0.3", "--", "x")
-    assert bad_slice.returncode == EXIT_API, bad_slice.stderr
-    assert "a shared slice is 0.125, 0.25 or 0.5 of a GPU (gpus: " in bad_slice.stderr  # the API's message and field
+    assert bad_slice.returncode == EXIT_USAGE, bad_slice.stderr  # refused before any request, once
+    assert bad_slice.stderr.count("0.3 is neither 1-8 whole GPUs nor a shared slice") == 1
     bad_name = run_cli(url, token, "endpoint", "deploy", "Not A Name", "--", "x")
     assert bad_name.returncode == EXIT_API and "name must be an endpoint name" in bad_name.stderr
     no_command = run_cli(url, token, "endpoint", "deploy", "echo")
@@ -296,9 +298,9 @@ class LostAnswers:
 
     def endpoint_create(self, body):
         self.calls.append("create")
-        self.existing = {"id": 7, "name": body["name"], "version": 1, "url": "/e/t/echo/", "state": "active"}
-        self.existing |= {"min_replicas": 0, "max_replicas": 1, "replicas": []}
-        raise ApiError("an endpoint named 'echo' already exists", status=409, code="conflict")
+        raw = {"id": 7, "name": body["name"], "version": 1, "url": "/e/t/echo/", "state": "active", "gpus": 0.25}
+        self.existing = ApiEndpoint.from_api(raw | {"min_replicas": 0, "max_replicas": 1, "replicas": []})
+        raise Conflict("an endpoint named 'echo' already exists", status=409, code="conflict")
 
     def endpoint_update(self, endpoint_id, changes):
         self.calls.append(f"update {endpoint_id}")
@@ -306,13 +308,14 @@ class LostAnswers:
 
     def endpoint_delete(self, endpoint_id):
         self.calls.append(f"delete {endpoint_id}")
-        raise ApiError("Not found.", status=404, code="not_found")
+        raise NotFound("Not found.", status=404, code="not_found")
 
 
-def test_a_retried_create_or_delete_is_taken_as_done(capsys):
+def test_a_retried_create_or_delete_is_taken_as_done(capsys, monkeypatch):
     client = LostAnswers()
-    assert cmd_deploy(client, args_parse(["endpoint", "deploy", "echo", "--", "x"])) == 0
+    monkeypatch.setattr(State, "client", lambda self: client)
+    assert cli_in_process(["endpoint", "deploy", "echo", "--", "x"]) == 0
     assert client.calls == ["create", "update 7"]  # the 409 became an update of the one the first attempt made
     assert "endpoint echo updated (still version 1" in capsys.readouterr().out
-    assert cmd_delete(client, args_parse(["endpoint", "delete", "echo", "--yes"])) == 0
+    assert cli_in_process(["endpoint", "delete", "echo", "--yes"]) == 0
     assert client.calls[-1] == "delete 7" and "endpoint echo deleted" in capsys.readouterr().out

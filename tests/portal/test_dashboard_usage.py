@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 from django.urls import reverse
+from django.utils.html import strip_tags
 from django_scopes import scopes_disabled
 
 from accounts.services import quota_set
@@ -30,7 +31,8 @@ def test_dashboard_shows_spend_against_budget_and_quota_bars(client_for, tenant,
         Allocation.objects.create(tenant=tenant, job=held, gpu=gpu, share_milli=1000)
         Job.objects.filter(pk=held.pk).update(state=JobState.RUNNING, node=node)
     page = owner.get(reverse("portal:dashboard")).content.decode()
-    assert "$10.00" in page and "of a $12.00 budget" in page
+    text = strip_tags(page)
+    assert "$10.00" in text and "of a $12.00 budget" in text
     assert 'aria-valuenow="83"' in page  # 10 of 12 used
     assert "Spend has passed this month&#x27;s alert threshold." in page
     assert "1 GPU L4-24GB · dedicated · 1 job" in page
@@ -53,7 +55,8 @@ def test_usage_page_sums_by_day_model_and_job(client_for, tenant, other_tenant, 
     b = job_ran(job_make(tenant, user=owner.user, name="b"), node, windows=2, window_ms=60_000, amount="0.25")
     job_ran(job_make(other_tenant, name="theirs"), node, windows=5, amount="9")
     page = owner.get(reverse("portal:usage")).content.decode()
-    assert '<div class="stat" id="usage-total">$0.8000</div>' in page  # 3 x 0.10 + 2 x 0.25, theirs excluded
+    # 3 x 0.10 + 2 x 0.25, theirs excluded: to the cent on the page, the exact figure on hover.
+    assert '<div class="stat" id="usage-total"><span class="money" title="$0.80 exact">$0.80</span></div>' in page
     assert f'<tr data-job="{b.pk}">' in page and f'<tr data-job="{a.pk}">' in page
     assert page.index(f'data-job="{b.pk}"') < page.index(f'data-job="{a.pk}"')  # most expensive first
     assert "0.083" in page  # 5 GPU-minutes = 0.083 GPU-hours
@@ -98,14 +101,14 @@ def test_log_poller_stops_a_few_reads_after_the_job_ends(client_for, tenant, nod
 
 
 def test_number_formatting():
-    from portal.templatetags.portal import duration_ms, gpus, money, plain
+    from portal.templatetags.portal import billed, duration_ms, gpus, money, money_exact, money_text, plain
 
     assert [plain(Decimal("10.000")), plain(Decimal("0.250")), plain(4)] == ["10", "0.25", "4"]
-    assert [money(Decimal("1234.565")), money(Decimal("0.00437")), money(0), money(Decimal("-2"), 2)] == [
-        "$1,234.57",
-        "$0.0044",
-        "$0.00",
-        "-$2.00",
-    ]
+    # Pages: to the cent, the exact figure on hover; invoices as billed.
+    amounts = [Decimal("1234.565"), Decimal("0.00437"), Decimal("0.0062"), 0, Decimal("-2")]
+    assert [money_text(a) for a in amounts] == ["$1,234.57", "<$0.01", "$0.01", "$0.00", "-$2.00"]
+    assert [money_exact(a) for a in amounts] == ["$1234.565", "$0.00437", "$0.0062", "$0.00", "-$2.00"]
+    assert money(Decimal("0.0123456789")) == '<span class="money" title="$0.0123456789 exact">$0.01</span>'
+    assert billed(Decimal("12.30")) == "$12.30"
     assert [gpus(1000), gpus(3000), gpus(250), gpus(125)] == ["1 GPU", "3 GPUs", "¼ GPU", "⅛ GPU"]
     assert [duration_ms(12_345), duration_ms(185_000), duration_ms(3_720_000)] == ["12.3s", "3m 05s", "1h 02m"]

@@ -61,7 +61,7 @@ def test_bulk_cancel_cancels_what_it_can_and_says_so(client_for, tenant, node):
     queued = [job_make(tenant, user=owner.user, name=f"q{i}") for i in range(3)]
     done = job_ran(job_make(tenant, user=owner.user), node)
     response = owner.post(reverse("portal:jobs_cancel"), {"job": [j.pk for j in queued] + [done.pk]}, follow=True)
-    assert "Cancelling 3 job(s). 1 already finished" in response.content.decode()
+    assert "Cancelling 3 jobs. 1 already finished" in response.content.decode()
     with scopes_disabled():
         states = set(Job.objects.filter(pk__in=[j.pk for j in queued]).values_list("state", flat=True))
         assert states == {JobState.CANCELLED}

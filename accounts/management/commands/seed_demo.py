@@ -16,9 +16,11 @@ from accounts.models import ApiToken, Tenant
 from accounts.services import ALL_SCOPES, tenant_create, token_create
 from agents.services import node_credential_issue
 from billing.models import Price
+from endpoints.demo import demo_endpoint_ensure
 from scheduler.models import PriorityClass
 
 DEMO_PASSWORD = "gpushare-demo"
+OPERATOR = "operator@gpushare.local"
 PRICES = {
     ("H100-80GB", "dedicated"): "2.4900",
     ("H100-80GB", "shared"): "2.9900",
@@ -71,8 +73,11 @@ class Command(BaseCommand):
     def handle(self, *args, node, **options):
         user_model = get_user_model()
         out: dict = {"password": DEMO_PASSWORD, "tenants": {}}
-        if not user_model.objects.filter(username="operator").exists():
-            user_model.objects.create_superuser("operator", "operator@gpushare.local", DEMO_PASSWORD)
+        # The operator signs in with an email like everyone (a demo seeded before kept "operator").
+        operator = "operator" if user_model.objects.filter(username="operator").exists() else OPERATOR
+        if not user_model.objects.filter(username=operator).exists():
+            user_model.objects.create_superuser(operator, OPERATOR, DEMO_PASSWORD)
+        out["operator"] = operator
         priority_classes_ensure()
         prices_ensure()
         for slug, email in (("acme", "alice@acme.test"), ("globex", "bob@globex.test")):
@@ -83,5 +88,7 @@ class Command(BaseCommand):
             user = user_model.objects.get(username=email)
             issued = token_create(tenant=tenant, user=user, name="demo", scopes=ALL_SCOPES)
             out["tenants"][slug] = {"user": email, "token": issued.plaintext}
+            if slug == "acme":  # an endpoint scaled to zero: the README's curl through the gateway
+                demo_endpoint_ensure(tenant=tenant, user=user)
         out["node"] = {"name": node, "token": node_credential_issue(name=node)}
         self.stdout.write(json.dumps(out))

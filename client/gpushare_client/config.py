@@ -1,4 +1,4 @@
-"""Where the CLI finds the platform and its token.
+"""Where the SDK and the CLI find the platform and its token.
 
 In order: ``--url``/``--token`` flags, then ``GPUSHARE_URL``/``GPUSHARE_TOKEN``,
 then ``$XDG_CONFIG_HOME/gpushare/config.toml`` (default ``~/.config/...``)::
@@ -14,9 +14,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ConfigError
 
-class ConfigError(Exception):
-    pass
+__all__ = ["Config", "ConfigError", "config_load", "config_path"]
 
 
 @dataclass(frozen=True)

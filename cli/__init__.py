@@ -1,1 +1,0 @@
-"""``gpushare``: the command line for CI pipelines and people (see docs/ci.md)."""
