@@ -62,6 +62,7 @@ PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when th
 PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
 PACE_DUTY = 4  # a pass may start this many times its duration after the previous one started
 PACE_MAX_MS = 1000
+LOCKED_ROWS_RETRY_MS = 250  # a pass that found queued rows held by another transaction looks again after this
 ESTIMATE_SLACK = timedelta(seconds=30)  # estimated starts move less than this are not rewritten
 
 
@@ -81,8 +82,9 @@ def pace_ms(last_ms: int) -> int:
     return min(max(0, last_ms) * PACE_DUTY, PACE_MAX_MS)
 
 
-def pass_request() -> None:
-    """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait."""
+def pass_request(*, min_wait_ms: int = 0) -> None:
+    """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait
+    (and at least ``min_wait_ms``)."""
     from .tasks import schedule_pass_task
 
     client = _redis()
@@ -96,6 +98,7 @@ def pass_request() -> None:
                 return
         except redis.RedisError:  # Redis down: enqueue anyway, the broker will say more
             log.warning("could not coalesce the scheduling pass trigger", exc_info=True)
+    wait_ms = max(wait_ms, min_wait_ms)
     if wait_ms > 0:  # pttl: -2 without the key
         schedule_pass_task.apply_async(countdown=wait_ms / 1000)
     else:
@@ -311,6 +314,10 @@ def schedule_pass(*, now=None) -> PassResult:
         .filter(state=JobState.QUEUED)
         .values_list(*QUEUED_FIELDS)
     )
+    if Job.objects.filter(state=JobState.QUEUED).count() > len(queued):
+        # Some queued rows were held by another transaction (a cancel, a late report of an older
+        # attempt): nothing else may ask for a pass once it commits, so ask for the next one now.
+        transaction.on_commit(lambda: pass_request(min_wait_ms=LOCKED_ROWS_RETRY_MS))
     classes = {c.pk: c for c in PriorityClass.objects.prefetch_related("may_preempt")}
     running = _running(classes, conf, now_ms)
     usage = _usage_update(running, {row[1] for row in queued}, conf, now_ms)

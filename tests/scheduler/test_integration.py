@@ -213,7 +213,7 @@ def test_concurrent_passes_never_double_place(transactional_db, rules, monkeypat
     from scheduler.services import JobSpec, job_submit
 
     # Only this test's threads run passes (no worker from an earlier test joins in while the tables are flushed).
-    monkeypatch.setattr("scheduler.passes.pass_request", lambda: None)
+    monkeypatch.setattr("scheduler.passes.pass_request", lambda **_: None)
 
     node_add("n1", 3)
     tenant = TenantFactory(slug="acme")

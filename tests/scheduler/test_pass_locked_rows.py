@@ -1,0 +1,68 @@
+"""A pass that finds a queued job held by another transaction asks for the next pass itself.
+
+Nothing else may: the holder can be a report about an older attempt that changes
+nothing the scheduler watches, and tests (like a quiet cluster between beat's
+passes) have no other trigger. Found as a job that never ran again after its
+node came back (tests/agents/test_node_lifecycle.py under load).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+from django_scopes import scopes_disabled
+
+from scheduler import passes
+from scheduler.models import Job, JobState
+from scheduler.services import schedule_pass
+from tests.factories import TenantFactory
+from tests.scheduler.conftest import node_add, reload, submit
+
+
+@pytest.fixture
+def requested(monkeypatch):
+    asked: list[int] = []
+    monkeypatch.setattr(passes, "pass_request", lambda *, min_wait_ms=0: asked.append(min_wait_ms))
+    return asked
+
+
+def _hold_row(job_id: int, locked: threading.Event, release: threading.Event) -> None:
+    try:
+        with transaction.atomic(), scopes_disabled():
+            Job.objects.select_for_update().get(pk=job_id)
+            locked.set()
+            release.wait(30)
+    finally:
+        connection.close()
+
+
+def test_a_pass_that_skipped_a_held_row_asks_for_the_next_one(transactional_db, rules, requested):
+    node_add("n1", 2)
+    tenant = TenantFactory(slug="acme")
+    held, free = submit(tenant), submit(tenant)
+    requested.clear()  # the submits' own triggers
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_row, args=(held.pk, locked, release))
+    holder.start()
+    try:
+        assert locked.wait(10)
+        schedule_pass()
+    finally:
+        release.set()
+        holder.join(30)
+    assert reload(free).state == JobState.SCHEDULED
+    assert reload(held).state == JobState.QUEUED  # skipped while held ...
+    assert requested == [passes.LOCKED_ROWS_RETRY_MS]  # ... and the next pass is asked for
+    schedule_pass()
+    assert reload(held).state == JobState.SCHEDULED
+
+
+def test_a_pass_that_saw_every_queued_row_asks_for_nothing(transactional_db, rules, requested):
+    node_add("n1", 1)
+    tenant = TenantFactory(slug="acme")
+    submit(tenant), submit(tenant)  # one fits, one waits for the GPU
+    requested.clear()
+    schedule_pass()
+    assert requested == []
