@@ -61,7 +61,13 @@ class EndpointViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         endpoints = Endpoint.objects.filter(tenant=self.tenant, state=Endpoint.State.ACTIVE)
         if self.action == "list" and "name" in self.request.query_params:
             endpoints = endpoints.filter(name=self._name_param())
-        return with_totals(endpoints).select_related("tenant").prefetch_related("replicas__job__node")
+        # Explicit order: an aggregated query drops Meta.ordering, and pages must not shuffle.
+        return (
+            with_totals(endpoints)
+            .order_by("name", "pk")
+            .select_related("tenant")
+            .prefetch_related("replicas__job__node")
+        )
 
     def _name_param(self) -> str:
         """``?name=``: an endpoint name is a slug, so anything else is a typo worth a 400, not an empty list."""
