@@ -270,13 +270,16 @@ def _autoscale(endpoint_id: int) -> AutoscaleResult:
 
 
 def endpoint_autoscale_all() -> int:
-    """One autoscaling pass over active endpoints and deleted ones with replicas left."""
+    """One autoscaling pass over active endpoints and deleted ones with replicas left; returns how
+    many replicas it started, drained or stopped (0 when nothing changed: the pass's log line stays quiet)."""
     with scopes_disabled():
         ids = set(Endpoint.objects.filter(state=Endpoint.State.ACTIVE).values_list("pk", flat=True))
         ids |= set(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("endpoint_id", flat=True))
+    changed = 0
     for endpoint_id in sorted(ids):
-        endpoint_autoscale(endpoint_id=endpoint_id)
-    return len(ids)
+        result = endpoint_autoscale(endpoint_id=endpoint_id)
+        changed += result.started + result.drained + result.stopped
+    return changed
 
 
 @scopes_disabled()
