@@ -107,10 +107,20 @@ def trusted_write(extra: list[str] = ()) -> list[str]:
         "# node-link public keys an agent trusts (manage.py nodelink_keygen --public)\n" + "\n".join(keys) + "\n"
     )
     tmp.replace(path)
-    signer.cache_clear()
+    _signer.cache_clear()
     return keys
 
 
-@functools.cache
 def signer() -> CommandSigner:
+    """The signer of the current key; a promoted key is picked up at the next command (the file's mtime)."""
+    path = key_dir() / SIGNING
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        stamp = 0
+    return _signer(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=2)
+def _signer(path: str, stamp: int) -> CommandSigner:
     return CommandSigner(signing_key(), ttl_s=settings.GPUSHARE["NODELINK_COMMAND_TTL_S"])
