@@ -22,7 +22,8 @@ from .agent.brokerconf import REPORT_QUEUE, node_queue, node_redis_keys
 # Every command kombu's Redis transport issues for a consumer of one queue that also publishes.
 REDIS_COMMANDS = (
     "auth hello client select ping info multi exec watch unwatch brpop lpush llen sadd smembers sismember "
-    "hset hget hdel zadd zrem zrangebyscore zrevrangebyscore set get del"
+    "hset hget hdel zadd zrem zrange zrangebyscore zrevrangebyscore set get del exists expire pexpire rpop "
+    "eval evalsha script"
 ).split()
 
 
