@@ -307,7 +307,10 @@ class Stack:
 
     def agent_env(self, extra: dict | None = None) -> dict:
         """The agent never gets the database's address or the platform's secrets."""
+        from agents.nodelink import trusted_keys
+
         env = {k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+        env["GPUSHARE_NODELINK_PUBLIC_KEYS"] = ",".join(trusted_keys())  # verifies the platform's commands
         env.update(extra or {})
         return env
 
