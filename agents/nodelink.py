@@ -65,8 +65,9 @@ def public_text(key: Ed25519PrivateKey) -> str:
     return public_key_text(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
 
 
-def key_create(name: str = SIGNING) -> Ed25519PrivateKey:
-    path = key_dir() / name
+def key_create(name: str = SIGNING, *, folder: Path | None = None) -> Ed25519PrivateKey:
+    """The key ``name`` in ``folder`` (default: the configured key directory), created if missing."""
+    path = (folder or key_dir()) / name
     if not path.exists():
         try:
             _write_private(path, Ed25519PrivateKey.generate())
