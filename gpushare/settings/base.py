@@ -20,7 +20,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from agents.agent.brokerconf import PLATFORM_QUEUE, broker_options
+from agents.agent.brokerconf import PLATFORM_QUEUE, REPORT_QUEUE, broker_options
 from gpushare.observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -204,6 +204,8 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = broker_options(_broker, VAR
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = PLATFORM_QUEUE
+# Node reports (agents.agent.protocol): consumed by every worker through its report gate; its depth is exported too.
+GPUSHARE_EXTRA_QUEUES = (REPORT_QUEUE,)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
