@@ -7,6 +7,7 @@ import shutil
 
 from celery import Celery, bootsteps
 from celery.signals import task_postrun, task_prerun
+from kombu import transport as kombu_transports
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
 # A worker or beat that serves metrics (GPUSHARE_METRICS_PORT) counts its pool's tasks in
@@ -22,6 +23,10 @@ if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MU
 from agents.agent.brokerconf import PLATFORM_QUEUE
 
 log = logging.getLogger(__name__)
+
+# Nodes can write to the report queue: a message there that is not even kombu's envelope is dropped
+# with a log line instead of stopping the worker (agents/kombu_redis.py).
+kombu_transports.TRANSPORT_ALIASES.update(redis="agents.kombu_redis:Transport", rediss="agents.kombu_redis:Transport")
 
 app = Celery("gpushare")
 app.config_from_object("django.conf:settings", namespace="CELERY")

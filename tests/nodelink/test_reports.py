@@ -116,3 +116,21 @@ def test_a_platform_task_on_the_report_queue_does_not_run(celery_worker_process,
     )
     wait_for(lambda: LinkRefusal.objects.filter(reason="RAN-FROM-PLATFORM").exists(), what="the platform-queue task")
     assert not LinkRefusal.objects.filter(reason="RAN-FROM-REPORTS").exists()
+
+
+def test_junk_on_the_report_queue_does_not_stop_the_worker(two_nodes, celery_worker_process):
+    """A node can push anything onto the report queue; the worker drops what is not a message and goes on."""
+    victim, _, tokens, job, start = two_nodes
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for junk in (b"not json", b'"a json string"', b'{"body": "x"}', b"[1, 2]"):
+        client.lpush(REPORT_QUEUE, junk)
+    link = link_for(victim.name)
+    try:
+        windows = [window(job, 0, start, start + 60_000)]
+        link.send(R_USAGE, report_kwargs(token=tokens[victim.name], seqs=[1], body={"windows": windows}))
+    finally:
+        link.disconnect()
+    with scopes_disabled():
+        wait_for(lambda: Job.objects.get(pk=job.pk).gpu_ms == 60_000, what="the report after the junk to be stored")
+    assert celery_worker_process.proc.poll() is None
+    assert "Unrecoverable error" not in celery_worker_process.log_path.read_text(errors="replace")
