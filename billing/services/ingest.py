@@ -309,7 +309,9 @@ def _quarantine(node: Node, refused: list[tuple[object, str]]) -> None:
 
     job_ids = {as_int(key(w)[0]) for w, _ in refused} - {None}
     kept = set(
-        QuarantinedWindow.objects.filter(node=node, job_id__in=job_ids).values_list("job_id", "attempt", "seq", "reason")
+        QuarantinedWindow.objects.filter(node=node, job_id__in=job_ids).values_list(
+            "job_id", "attempt", "seq", "reason"
+        )
     )
     rows = []
     for window, reason in refused:
