@@ -41,7 +41,11 @@ def _report(task: str, kwargs: dict):
     try:
         report = p.report_parse(task, kwargs)
     except p.ProtocolError as exc:
-        services.link_refusal_record(node=None, direction="report", task=task, reason=str(exc))
+        sender = services.node_by_credential(kwargs.get("token") if isinstance(kwargs, dict) else None)
+        services.link_refusal_record(node=sender, direction="report", task=task, reason=str(exc))
+        if sender is not None:  # never storable: acknowledged, so the agent stops re-sending it
+            seqs = kwargs.get("seqs")
+            _ack(sender, [s for s in seqs if isinstance(s, int)] if isinstance(seqs, list) else [])
         return None
     node = services.node_by_credential(report.token)
     if node is None:
@@ -53,8 +57,9 @@ def _report(task: str, kwargs: dict):
             node=node,
             direction="report",
             task=task,
-            reason=f"signed with {node.name}'s credential but names node {report.claimed_node[:100]!r}",
+            reason=f"sent with {node.name}'s credential but names node {report.claimed_node[:100]!r}",
         )
+        _ack(node, report.seqs)
         return None
     return node, report.body, report.seqs
 

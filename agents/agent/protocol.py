@@ -338,6 +338,10 @@ def key_id(public_raw: bytes) -> str:
 class CommandSigner:
     """The platform's side: signs each command with its current Ed25519 private key."""
 
+    # A stop must still reach a node that was offline for a while (the job keeps running and billing
+    # until it does); a launch or an acknowledgement that expired is sent again by the platform anyway.
+    LONG_LIVED = {STOP: 24 * 3600 * 1000}
+
     def __init__(self, private_key, *, ttl_s: int = 600):
         from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -357,7 +361,7 @@ class CommandSigner:
             "job_id": body.get("job_id"),
             "attempt": body.get("attempt"),
             "issued_ms": issued,
-            "expires_ms": issued + self.ttl_ms,
+            "expires_ms": issued + max(self.ttl_ms, self.LONG_LIVED.get(task, 0)),
             "nonce": secrets.token_hex(16),
             "body": body,
         }

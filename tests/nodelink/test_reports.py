@@ -58,7 +58,7 @@ def test_a_report_naming_another_node_is_refused_and_one_without_is_attributed_t
             lambda: LinkRefusal.objects.filter(node=intruder, reason__contains="names node").first(),
             what="the forged report to be refused",
         )
-        assert "rep-intruder's credential" in refused.reason
+        assert "sent with rep-intruder's credential" in refused.reason
         # the same windows without the claim: attributed to the intruder, who never held the job
         link.send(R_USAGE, report_kwargs(token=tokens[intruder.name], seqs=[2], body={"windows": windows}))
         kept = wait_for(lambda: QuarantinedWindow.objects.filter(node=intruder).first(), what="the quarantine")
