@@ -10,7 +10,7 @@ RUN pip install --no-cache-dir --no-deps -e . && pip install --no-cache-dir --no
 # /app/var holds local state; its subfolders are mount points (compose volumes, Kubernetes
 # emptyDir/hostPath) that start owned by the gpushare user.
 RUN useradd --system --uid 1000 gpushare \
-    && mkdir -p /app/var/agent /app/var/credential /app/var/heartbeat /app/var/metrics \
+    && mkdir -p /app/var/agent /app/var/credential /app/var/heartbeat /app/var/metrics /app/var/nodelink \
     && chown -R gpushare /app/var
 USER gpushare
 EXPOSE 8000 8001

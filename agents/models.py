@@ -101,3 +101,55 @@ class GpuOutage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu} out {self.started_at:%Y-%m-%d %H:%M}: {self.reason}"
+
+
+class LinkRefusal(models.Model):
+    """A message the node link refused, with why (docs/operator-guide.md, "Trust model").
+
+    ``command``: an agent refused a command (unsigned, bad signature, expired,
+    replayed, addressed to another node); ``report``: the platform refused a
+    report (not the protocol, unknown credential, naming another node, a
+    platform task on the report queue); ``gpu_claim``: a node registered a GPU
+    UUID another node owns. The fleet view counts them per node.
+    """
+
+    class Direction(models.TextChoices):
+        COMMAND = "command"
+        REPORT = "report"
+        GPU_CLAIM = "gpu_claim"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, null=True, blank=True, related_name="link_refusals")
+    direction = models.CharField(max_length=16, choices=Direction.choices)
+    task = models.CharField(max_length=100, blank=True)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=300)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # A re-sent refusal report is counted once.
+    dedupe = models.CharField(max_length=120, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["dedupe"], condition=~models.Q(dedupe=""), name="link_refusal_dedupe"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.direction} refused ({self.node or 'unknown node'}): {self.reason}"
+
+
+class QuarantinedWindow(models.Model):
+    """A usage window ingest refused: kept with the reason, never billed, shown to the operator."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="quarantined_windows")
+    job_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    attempt = models.BigIntegerField(null=True, blank=True)
+    seq = models.BigIntegerField(null=True, blank=True)
+    window = models.JSONField()
+    reason = models.CharField(max_length=300)
+    received_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-received_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"window of job {self.job_id} from {self.node}: {self.reason}"

@@ -20,7 +20,7 @@ from scheduler.models import ACTIVE_STATES, Job
 from .agent.address import address_valid
 from .agent.health import event_describe, event_is_application_error, event_takes_gpu_out
 from .dispatch import node_send
-from .models import Gpu, GpuOutage, Node
+from .models import Gpu, GpuOutage, LinkRefusal, Node
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,53 @@ def node_authenticate(*, name: str, token: str) -> Node:
     return node
 
 
+def node_by_credential(token) -> Node | None:
+    """The node whose credential ``token`` is, or None: who sent a report, whatever the report says."""
+    if not isinstance(token, str) or not token:
+        return None
+    digest = _hash(token)
+    node = Node.objects.filter(token_hash=digest).first()
+    if node is None or not hmac.compare_digest(node.token_hash, digest):
+        return None
+    return node
+
+
+def link_refusal_record(
+    *, node: Node | None, direction: str, reason: str, task: str = "", job_id=None, dedupe: str = ""
+) -> LinkRefusal | None:
+    """Record (and log) a message the node link refused; counted per node in the fleet view."""
+    who = node.name if node else "an unknown sender"
+    log.warning("node link: %s %r from %s refused: %s", direction, task[:100], who, reason)
+    fields = {"node": node, "direction": direction, "task": task[:100], "reason": reason[:300], "job_id": job_id}
+    if dedupe:
+        refusal, _ = LinkRefusal.objects.get_or_create(dedupe=dedupe[:120], defaults=fields)
+        return refusal
+    return LinkRefusal.objects.create(**fields)
+
+
+def _gpu_claim_refused(node: Node, uuid: str, owner: str) -> None:
+    """A node reported a GPU UUID another node registered first: refused, and the operator is alerted."""
+    reason = f"GPU {uuid[:96]} belongs to node {owner}; only an operator can move it"
+    log.error("OPERATOR: node %s claimed GPU %s, which node %s registered first: refused", node.name, uuid, owner)
+    audit_record(
+        actor=None, tenant=None, action="gpu.claim_refused", target=f"{node.name}/{uuid[:96]}", after={"owner": owner}
+    )
+    link_refusal_record(node=node, direction=LinkRefusal.Direction.GPU_CLAIM, task="agents.register", reason=reason)
+
+
+@transaction.atomic
+def gpu_move(*, gpu: Gpu, to: Node, actor=None) -> Gpu:
+    """The operator moves a GPU to another node (a card physically moved): the only way a UUID changes node."""
+    gpu = Gpu.objects.select_for_update(no_key=True).select_related("node").get(pk=gpu.pk)
+    before = gpu.node.name
+    gpu.node = to
+    gpu.save(update_fields=["node"])
+    audit_record(
+        actor=actor, tenant=None, action="gpu.move", target=gpu.uuid, before={"node": before}, after={"node": to.name}
+    )
+    return gpu
+
+
 @transaction.atomic
 def node_register(*, node: Node, info: dict) -> Node:
     """Record the node's GPUs and versions, reconcile what it still runs."""
@@ -73,7 +120,15 @@ def node_register(*, node: Node, info: dict) -> Node:
     node.save()
     _outages_close(node.gpus.all(), cause=GpuOutage.Cause.NODE_DOWN, at=node.registered_at)
     seen = set()
+    owners = dict(
+        Gpu.objects.filter(uuid__in=[g.get("uuid") for g in info.get("gpus", [])])
+        .exclude(node=node)
+        .values_list("uuid", "node__name")
+    )
     for gpu in info.get("gpus", []):
+        if gpu["uuid"] in owners:  # a GPU UUID belongs to the node that registered it first
+            _gpu_claim_refused(node, gpu["uuid"], owners[gpu["uuid"]])
+            continue
         seen.add(gpu["uuid"])
         Gpu.objects.update_or_create(
             uuid=gpu["uuid"],

@@ -6,6 +6,8 @@ paths under test (ingest, API, invoice close) then run for real on top.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -60,4 +62,8 @@ def finished_jobs_create(
                 for i, job in enumerate(jobs)
             )
             ids += [job.pk for job in jobs]
+        # They ran for the last day: ingest stores only windows inside the time the node held the job.
+        ran_from = now - timedelta(days=1)
+        Allocation.objects.filter(job_id__in=ids).update(created_at=ran_from)
+        Job.objects.filter(pk__in=ids).update(started_at=ran_from)
     return ids

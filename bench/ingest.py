@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import time
 
+from agents.agent.brokerconf import REPORT_QUEUE
+
 from .fixtures import finished_jobs_create
 from .stats import Row, median, rate
 
@@ -101,7 +103,7 @@ def one_run(ctx, stack, *, jobs: int, per_job: int, run: int) -> dict:
     with app.producer_or_acquire() as producer:
         t0 = time.perf_counter()
         for windows in messages:
-            app.send_task("agents.usage", kwargs={**creds, "windows": windows}, queue="platform", producer=producer)
+            app.send_task("agents.usage", kwargs={**creds, "windows": windows}, queue=REPORT_QUEUE, producer=producer)
         enqueued = time.perf_counter() - t0
     deadline = time.monotonic() + 600
     while (n := stored(job_ids)) < total and time.monotonic() < deadline:
@@ -111,7 +113,7 @@ def one_run(ctx, stack, *, jobs: int, per_job: int, run: int) -> dict:
         raise RuntimeError(f"ingest stored {n} of {total} windows")
     # Replays are ignored: the same messages again store nothing.
     for windows in messages[:5]:
-        app.send_task("agents.usage", kwargs={**creds, "windows": windows}, queue="platform")
+        app.send_task("agents.usage", kwargs={**creds, "windows": windows}, queue=REPORT_QUEUE)
     time.sleep(3)
     if (after := stored(job_ids)) != total:
         raise RuntimeError(f"replayed windows were stored again: {after} rows for {total} windows")

@@ -59,7 +59,11 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
     """Environment of every platform process (and of the harness's Django)."""
     return {
         "DJANGO_SETTINGS_MODULE": "bench.settings",  # production + a bare view (bench/urls.py)
-        "SECRET_KEY": "bench-" + "x" * 40,
+        "SECRET_KEY": "bench-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz",  # production's rules: 50+ chars
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "GPUSHARE_STRIPE_TEST_MODE": "1",  # localstripe / nothing: no real money
+        "GPUSHARE_SSL_REDIRECT": "0",  # plain HTTP on loopback
+        "GPUSHARE_NODELINK_AUTO_KEY": "1",  # a throwaway command-signing key under the stack's var/
         "DATABASE_URL": config.database_url,
         "REDIS_URL": config.redis_url,
         "STRIPE_API_KEY": "sk_test_bench",
@@ -265,7 +269,8 @@ class Stack:
         ]
         if beat:
             argv += ["-B", "-s", str(self.workdir / "celerybeat-schedule")]
-        proc = self._proc(name, argv).start()
+        # INFO: Celery's "ready." line is what the wait below looks for (LOG_LEVEL=WARNING hides it).
+        proc = self._proc(name, argv, {**self.env, "LOG_LEVEL": "INFO"}).start()
         self.wait(lambda: b"ready." in proc.log_path.read_bytes(), 60, f"{name} ready", name)
         return proc
 
@@ -307,7 +312,12 @@ class Stack:
 
     def agent_env(self, extra: dict | None = None) -> dict:
         """The agent never gets the database's address or the platform's secrets."""
+        from agents import nodelink
+
         env = {k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+        # The stack's command-signing key (its processes' GPUSHARE_VAR_DIR/nodelink): the agent verifies with it.
+        key = nodelink.key_create(folder=self.var_dir / "nodelink")
+        env["GPUSHARE_NODELINK_PUBLIC_KEYS"] = nodelink.public_text(key)
         env.update(extra or {})
         return env
 

@@ -74,6 +74,8 @@ class NodeRow:
     node: Node
     gpus: list[GpuCell]
     running_jobs: int
+    refused: int = 0  # node-link messages refused (commands, reports, GPU claims): agents.LinkRefusal
+    quarantined: int = 0  # usage windows ingest refused: agents.QuarantinedWindow
 
     @property
     def used_milli(self) -> int:
@@ -101,8 +103,20 @@ def fleet_grid() -> list[NodeRow]:
         )
     outages = {o.gpu_id: o for o in GpuOutage.objects.filter(ended_at__isnull=True)}
     rows: dict[int, NodeRow] = {}
+    from agents.models import LinkRefusal, QuarantinedWindow
+
+    refused = dict(
+        LinkRefusal.objects.filter(node__isnull=False).values("node").annotate(n=Count("id")).values_list("node", "n")
+    )
+    quarantined = dict(QuarantinedWindow.objects.values("node").annotate(n=Count("id")).values_list("node", "n"))
     for node in Node.objects.annotate(running=Count("jobs", filter=Q(jobs__state__in=ACTIVE_STATES))):
-        rows[node.pk] = NodeRow(node=node, gpus=[], running_jobs=node.running)
+        rows[node.pk] = NodeRow(
+            node=node,
+            gpus=[],
+            running_jobs=node.running,
+            refused=refused.get(node.pk, 0),
+            quarantined=quarantined.get(node.pk, 0),
+        )
     for gpu in gpus:
         rows[gpu.node_id].gpus.append(GpuCell(gpu=gpu, holders=holders.get(gpu.pk, []), outage=outages.get(gpu.pk)))
     return list(rows.values())

@@ -1,11 +1,13 @@
 """The platform's Celery application (web, worker and beat share it)."""
 
 import atexit
+import logging
 import os
 import shutil
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import task_postrun, task_prerun
+from kombu import transport as kombu_transports
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
 # A worker or beat that serves metrics (GPUSHARE_METRICS_PORT) counts its pool's tasks in
@@ -17,6 +19,14 @@ if os.environ.get("GPUSHARE_METRICS_PORT") and not os.environ.get("PROMETHEUS_MU
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = metrics_dir_create("gpushare-metrics-")
     _metrics_owner = os.getpid()  # the pool's children exit too: only this process removes it
     atexit.register(lambda: os.getpid() == _metrics_owner and shutil.rmtree(_metrics_dir, ignore_errors=True))
+
+from agents.agent.brokerconf import PLATFORM_QUEUE
+
+log = logging.getLogger(__name__)
+
+# Nodes can write to the report queue: a message there that is not even kombu's envelope is dropped
+# with a log line instead of stopping the worker (agents/kombu_redis.py).
+kombu_transports.TRANSPORT_ALIASES.update(redis="agents.kombu_redis:Transport", rediss="agents.kombu_redis:Transport")
 
 app = Celery("gpushare")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -39,6 +49,70 @@ def _connections_tidy(**_kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+class ReportGate(bootsteps.StartStopStep):
+    """The report queue's consumer: only node reports run from it; anything else is refused.
+
+    Node credentials can publish to the report queue (``reports``) and nowhere
+    else; platform tasks (scheduling passes, invoice close, Stripe sync...) come
+    only from the platform queue, which nodes cannot write to. On Redis the
+    message itself cannot say which queue it was taken from (its delivery info
+    is the publisher's), so the worker consumes the report queue with a consumer
+    of its own: a message there whose task is not a report is logged, recorded
+    as a refusal (through the platform queue) and dropped, never run. Reports
+    it hands to the worker's usual handler, on the task consumer's channel (so
+    the worker's prefetch limit covers both queues).
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c, **kwargs):
+        super().__init__(c, **kwargs)
+        self.consumer = None
+
+    def start(self, c):
+        from kombu import Consumer, Exchange, Queue
+
+        from agents.agent.protocol import REPORT_QUEUE, REPORTS
+
+        handler = c.create_task_handler()
+        allowed = frozenset(REPORTS)
+        app = c.app
+
+        def on_message(message):
+            headers = message.headers if isinstance(message.headers, dict) else {}
+            task = str(headers.get("task", ""))
+            if task in allowed:
+                return handler(message)
+            log.error("a %r message arrived on the report queue: refused, not run", task[:100])
+            app.send_task(
+                "agents.link_refusal",
+                kwargs={
+                    "direction": "report",
+                    "task": task[:100],
+                    "reason": "not a report: arrived on the report queue",
+                },
+                queue=PLATFORM_QUEUE,
+            )
+            message.ack()
+
+        queue = Queue(REPORT_QUEUE, Exchange(REPORT_QUEUE), routing_key=REPORT_QUEUE)
+        self.consumer = Consumer(c.task_consumer.channel, queues=[queue], on_message=on_message, accept=["json"])
+        self.consumer.consume()
+
+    def stop(self, c):
+        if self.consumer is not None:
+            try:
+                self.consumer.cancel()
+            except Exception as exc:  # noqa: BLE001 - the connection may be gone already
+                log.debug("cancelling the report consumer: %s", exc)
+            self.consumer = None
+
+    shutdown = stop
+
+
+app.steps["consumer"].add(ReportGate)
 
 
 # Production running: logging, task metrics and log context, heartbeat and ops server

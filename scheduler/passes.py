@@ -18,14 +18,11 @@ requests that trigger them. A trigger on a quiet cluster starts a pass at once
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from uuid import uuid4
 
 import redis
 from django.conf import settings
@@ -33,7 +30,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
-from agents.agent.brokerconf import node_queue
 from agents.models import Gpu, Node
 from webhooks import emit as webhook_emit
 
@@ -584,87 +580,7 @@ def jobs_update(jobs: list[Job], fields: dict[str, str]) -> None:
 
 
 def nodes_send(messages: list[tuple[str, str, dict]]) -> None:
-    """Send (node, task, payload) messages to the nodes' queues.
+    """Send (node, task, payload) commands: signed, through the platform's one sender (agents.dispatch)."""
+    from agents.dispatch import nodes_send as send
 
-    They are Celery task messages (protocol 2: the task's name in the ``task``
-    header, ``[args, kwargs, embed]`` as the body), what ``send_task`` would
-    send. On Redis they are written in kombu's envelope straight onto each
-    node's queue list in one pipeline: ``send_task``'s per-message overhead
-    (about 1 ms) dominated a pass of thousands of launches. Other brokers go
-    through kombu.
-    """
-    if not messages:
-        return
-    broker = settings.CELERY_BROKER_URL
-    if broker.startswith(("redis://", "rediss://")):
-        _redis_push(broker, messages)
-    else:
-        _kombu_publish(messages)
-
-
-def _task_message(task: str, payload: dict) -> tuple[str, list, dict]:
-    task_id = str(uuid4())
-    body = [[], payload, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
-    headers = {
-        "lang": "py",
-        "task": task,
-        "id": task_id,
-        "root_id": task_id,
-        "parent_id": None,
-        "group": None,
-        "retries": 0,
-        "eta": None,
-        "expires": None,
-        "ignore_result": True,
-        "argsrepr": "()",
-        "kwargsrepr": f"{{'job_id': {payload.get('job_id')}, ...}}",
-    }
-    return task_id, body, headers
-
-
-def _redis_push(broker: str, messages: list[tuple[str, str, dict]]) -> None:
-    client = redis.Redis.from_url(broker, socket_timeout=10)
-    with client.pipeline(transaction=False) as pipe:
-        for i, (node, task, payload) in enumerate(messages, 1):
-            queue = node_queue(node)
-            task_id, body, headers = _task_message(task, payload)
-            envelope = {
-                "body": base64.b64encode(json.dumps(body).encode()).decode(),
-                "content-encoding": "utf-8",
-                "content-type": "application/json",
-                "headers": headers,
-                "properties": {
-                    "correlation_id": task_id,
-                    "reply_to": "",
-                    "delivery_mode": 2,
-                    "priority": 0,
-                    "delivery_info": {"exchange": queue, "routing_key": queue},
-                    "body_encoding": "base64",
-                    "delivery_tag": str(uuid4()),
-                },
-            }
-            pipe.lpush(queue, json.dumps(envelope))
-            if i % 1000 == 0:
-                pipe.execute()
-        pipe.execute()
-
-
-def _kombu_publish(messages: list[tuple[str, str, dict]]) -> None:
-    from kombu.common import maybe_declare
-
-    from gpushare.celery import app
-
-    with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
-        for node, task, payload in messages:
-            queue = app.amqp.queues[node_queue(node)]
-            maybe_declare(queue, producer.channel)
-            task_id, body, headers = _task_message(task, payload)
-            producer.publish(
-                body,
-                exchange=queue.exchange,
-                routing_key=queue.routing_key,
-                serializer="json",
-                retry=True,
-                headers=headers,
-                correlation_id=task_id,
-            )
+    send(messages)

@@ -54,6 +54,9 @@ def main() -> None:
     manage("migrate", "--noinput", "-v", "0")
     manage("collectstatic", "--noinput", "-v", "0")
     demo = json.loads(manage("seed_demo", "--node", NODE, capture=True).strip().splitlines()[-1])
+    # The platform signs every command to the agent; the agent trusts the keys nodelink_keygen prints.
+    (var / "nodelink-trusted.pub").write_text(manage("nodelink_keygen", capture=True))
+    os.environ["GPUSHARE_NODELINK_PUBLIC_KEY_FILE"] = str(var / "nodelink-trusted.pub")
     (var / "demo.json").write_text(json.dumps(demo, indent=2))
     python = BIN / "python"
     procfile = var / "Procfile"

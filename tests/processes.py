@@ -162,6 +162,7 @@ class Platform:
 def agent_factory(transactional_db, tmp_path, celery_worker_process):
     """``agent_factory(name, gpus=..., extra=[...])`` starts a node agent and waits for it to register."""
     from agents.models import Node
+    from agents.nodelink import trusted_keys
     from agents.services import node_credential_issue
 
     started: list[AgentProcess] = []
@@ -193,6 +194,7 @@ def agent_factory(transactional_db, tmp_path, celery_worker_process):
         for secret in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
             env.pop(secret, None)  # the agent never needs the database
         env["GPUSHARE_AGENT_TOKEN"] = token  # as the systemd unit passes it: never on the command line
+        env["GPUSHARE_NODELINK_PUBLIC_KEYS"] = ",".join(trusted_keys())  # verifies the platform's commands
         agent = AgentProcess(node=node, token=token, argv=argv, env=env, var_dir=var_dir).start()
         started.append(agent)
         if wait:

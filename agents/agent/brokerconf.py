@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Platform tasks (scheduling passes, invoice close, Stripe sync...): only the platform writes here.
 PLATFORM_QUEUE = "platform"
+# Node reports: every node writes here, nothing else; a worker runs only report tasks from it
+# (gpushare/celery.py's ReportGate). Declared in the protocol, which both sides import.
+REPORT_QUEUE = "reports"
 # Redis: a message taken by a worker that then dies (kill -9) comes back after
 # this long. Every platform task is idempotent and bounded well below it
 # (CELERY_TASK_TIME_LIMIT), so a short timeout only speeds up recovery.
@@ -21,11 +25,28 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def broker_options(url: str, var_dir: Path) -> tuple[str, dict]:
+def node_redis_keys(node_name: str) -> dict:
+    """A node's own names for kombu's Redis bookkeeping keys (shared by default).
+
+    kombu keeps every consumer's unacknowledged messages in one hash
+    (``unacked``); a node's broker user must not read or restore other nodes'
+    messages, so each agent keeps its own, which its Redis ACL alone allows
+    (``manage.py node_credential``).
+    """
+    queue = node_queue(node_name)
+    return {
+        "unacked_key": f"unacked.{queue}",
+        "unacked_index_key": f"unacked_index.{queue}",
+        "unacked_mutex_key": f"unacked_mutex.{queue}",
+    }
+
+
+def broker_options(url: str, var_dir: Path, *, node: str = "") -> tuple[str, dict]:
     """Return ``(broker_url, broker_transport_options)`` for ``url``.
 
     ``filesystem://`` keeps its messages under ``var_dir/broker``; every
-    process that shares ``var_dir`` shares the broker.
+    process that shares ``var_dir`` shares the broker. ``node``: the options of
+    that node's agent (its own kombu bookkeeping keys on Redis).
     """
     if url.startswith("filesystem://"):
         folder = Path(var_dir) / "broker"
@@ -39,5 +60,6 @@ def broker_options(url: str, var_dir: Path) -> tuple[str, dict]:
             "store_processed": False,
         }
     if url.startswith(("redis://", "rediss://")):
-        return url, {"socket_connect_timeout": 2, "socket_timeout": 5, "visibility_timeout": VISIBILITY_TIMEOUT_S}
+        options = {"socket_connect_timeout": 2, "socket_timeout": 5, "visibility_timeout": VISIBILITY_TIMEOUT_S}
+        return url, {**options, **(node_redis_keys(node) if node else {})}
     return url, {}

@@ -29,6 +29,21 @@ from .health import event_describe, event_is_application_error, event_takes_gpu_
 from .jobs import LaunchSpec, RunningJob, docker_available, launch, now_ms, process_groups
 from .meter import JobMeter, split_energy
 from .metrics import AgentMetrics
+from .protocol import (
+    ACK,
+    LAUNCH,
+    R_COMMAND_REFUSED,
+    R_HEARTBEAT,
+    R_REGISTER,
+    R_USAGE,
+    REGISTER,
+    STOP,
+    CommandRefused,
+    CommandVerifier,
+    ProtocolError,
+    public_keys_load,
+    report_kwargs,
+)
 from .spool import Spool
 from .transport import BrokerLink, Command
 
@@ -36,11 +51,18 @@ log = logging.getLogger("gpushare.agent")
 
 LOG_CHUNK = 64 * 1024
 OUTBOX_BATCH = 200
+# Commands handled per loop step before reaping and flushing (acknowledgements come in bursts).
+COMMANDS_PER_STEP = 200
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, backend, link: BrokerLink, spool: Spool):
+    def __init__(self, config: AgentConfig, backend, link: BrokerLink, spool: Spool, verifier=None):
         self.config = config
+        # Checks every command's signature, node, expiry and nonce (protocol.CommandVerifier); None: refuse all.
+        self.verifier: CommandVerifier | None = verifier
+        # A report sent but not acknowledged by the platform is sent again after this long.
+        self.resend_after_s = float(os.environ.get("GPUSHARE_AGENT_RESEND_S", "30"))
+        self.commands_refused = 0
         self.backend = backend
         self.link = link
         self.spool = spool
@@ -77,7 +99,7 @@ class Agent:
         signal.signal(signal.SIGINT, self._on_signal)
         self.recover_previous()
         info = self.registration()
-        self.report("agents.register", {"info": info})
+        self.report(R_REGISTER, {"info": info})
         log.info(
             "agent %s up: %d GPU(s) via %s, broker %s, replicas reachable at %s",
             self.config.node,
@@ -148,11 +170,15 @@ class Agent:
                 job.enforce()
             self.reap()
             time.sleep(0.1)
+        # Deliver what is left and wait (briefly) for the platform to confirm it; the rest stays in the
+        # outbox for the next start.
         flush_deadline = time.monotonic() + 5
         while self.spool.pending() and time.monotonic() < flush_deadline:
-            self.ensure_connected()
-            self.flush()
-            time.sleep(0.2)
+            if self.ensure_connected():
+                self.flush()
+                self.commands_receive(0.2)
+            else:
+                time.sleep(0.2)
         self.metrics.stop()
         self.link.disconnect()
         self.backend.close()
@@ -164,18 +190,25 @@ class Agent:
         """Wait for a command until ``until`` (at most 0.2 s), then reap and flush."""
         timeout = min(max(until - time.monotonic(), 0.0), 0.2)
         if self.ensure_connected():
+            self.commands_receive(timeout)
+        else:
+            time.sleep(timeout)
+        self.reap()
+        self.flush()
+
+    def commands_receive(self, timeout: float) -> None:
+        """Handle the commands waiting (the first one waited for up to ``timeout`` s)."""
+        for _ in range(COMMANDS_PER_STEP):
             try:
                 command = self.link.receive(timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - any broker failure: go offline, spool
                 log.warning("broker connection lost: %s", exc)
                 self.link.disconnect()
-                command = None
-            if command is not None:
-                self.handle(command)
-        else:
-            time.sleep(timeout)
-        self.reap()
-        self.flush()
+                return
+            if command is None:
+                return
+            self.handle(command)
+            timeout = 0.0
 
     def ensure_connected(self) -> bool:
         if self.link.connected:
@@ -189,7 +222,7 @@ class Agent:
                 # After an outage the platform may have marked the node down and its
                 # jobs lost: registering again brings it back and lets it reconcile
                 # (a job it gave to another node is stopped here).
-                self.report("agents.register", {"info": self.registration()})
+                self.report(R_REGISTER, {"info": self.registration()})
             self.was_connected = True
             return True
         except Exception as exc:  # noqa: BLE001
@@ -199,44 +232,75 @@ class Agent:
             return False
 
     def handle(self, command: Command) -> None:
+        """Run a command only if the platform signed it for this node, unexpired and never seen (protocol)."""
         try:
-            if command.task == "agent.launch":
-                self.job_launch(LaunchSpec.from_message(command.kwargs))
-            elif command.task == "agent.stop":
-                self.job_stop(command.kwargs)
-            elif command.task == "agent.register":
-                self.report("agents.register", {"info": self.registration()})
+            if self.verifier is None:
+                raise CommandRefused("this agent has no platform public key to verify commands", task=command.task)
+            verified = self.verifier.verify(command.task, command.kwargs)
+        except CommandRefused as refused:
+            if refused.task == ACK and refused.reason.startswith("expired"):
+                # After an outage: the reports it confirmed are simply sent again and confirmed anew.
+                log.info("an acknowledgement expired while this agent was away; its reports will be re-sent")
             else:
-                log.warning("unknown command %r ignored", command.task)
+                self.command_refused(refused)
+            command.ack()
+            return
+        try:
+            if verified.task == LAUNCH:
+                self.job_launch(LaunchSpec.from_message(verified.body))
+            elif verified.task == STOP:
+                self.job_stop(verified.body)
+            elif verified.task == REGISTER:
+                self.report(R_REGISTER, {"info": self.registration()})
+            elif verified.task == ACK:
+                self.spool.ack(verified.body["seqs"])
         except (KeyError, TypeError, ValueError) as exc:
-            log.error("malformed %s command %r: %s", command.task, command.kwargs, exc)
+            log.error("malformed %s command (job %s): %s", verified.task, verified.job_id, exc)
         command.ack()
 
+    def command_refused(self, refused: CommandRefused) -> None:
+        """Log a refused command with its reason and report it (the platform counts them per node)."""
+        self.commands_refused += 1
+        log.error(
+            "command %r refused: %s (job %s); nothing was run", refused.task[:100], refused.reason, refused.job_id
+        )
+        body = {"task": refused.task[:100], "reason": refused.reason[:300], "job_id": refused.job_id}
+        self.report(R_COMMAND_REFUSED, {**body, "nonce": refused.nonce[:64]})
+
     def report(self, task: str, kwargs: dict) -> None:
-        """Queue a report for the platform (delivered in order, at least once)."""
-        self.spool.put(task, {"node": self.config.node, "token": self.config.token, **kwargs})
+        """Queue a report for the platform: kept until the platform confirms it stored it (at least once)."""
+        self.spool.put(task, kwargs)
+
+    def _envelope(self, body: dict, seqs: list[int]) -> dict:
+        """A report's kwargs: the node's credential is added here, at send time, never stored in the outbox."""
+        return report_kwargs(token=self.config.token, node=self.config.node, seqs=seqs, body=body)
 
     def flush(self) -> None:
+        """Send the reports that are due: never sent, or sent and not acknowledged for ``resend_after_s``."""
         if not self.link.connected:
             return
-        rows = self.spool.peek(OUTBOX_BATCH)
+        rows = self.spool.due(OUTBOX_BATCH, resend_after_s=self.resend_after_s)
         i = 0
         try:
             while i < len(rows):
-                row_id, task, kwargs = rows[i]
-                if task == "agents.usage":
-                    # Consecutive windows travel together: one message, one bulk insert.
+                row_id, task, kwargs, _sent = rows[i]
+                if task == R_USAGE:
+                    # Consecutive windows travel together: one message, one bulk insert, one acknowledgement.
                     batch = [rows[i]]
-                    while i + len(batch) < len(rows) and rows[i + len(batch)][1] == "agents.usage":
+                    while i + len(batch) < len(rows) and rows[i + len(batch)][1] == R_USAGE:
                         batch.append(rows[i + len(batch)])
-                    windows = [w for _, _, k in batch for w in k["windows"]]
-                    self.link.send(task, {**kwargs, "windows": windows})
-                    self.spool.remove([r[0] for r in batch])
+                    windows = [w for _, _, k, _ in batch for w in k["windows"]]
+                    ids = [r[0] for r in batch]
+                    self.link.send(task, self._envelope({"windows": windows}, ids))
+                    self.spool.mark_sent(ids)
                     i += len(batch)
                 else:
-                    self.link.send(task, kwargs)
-                    self.spool.remove([row_id])
+                    self.link.send(task, self._envelope(kwargs, [row_id]))
+                    self.spool.mark_sent([row_id])
                     i += 1
+        except ProtocolError as exc:  # a body this agent built wrongly: never sendable, do not loop on it
+            log.error("outbox report %s cannot be sent (%s); dropped", rows[i][0], exc)
+            self.spool.remove([rows[i][0]])
         except Exception as exc:  # noqa: BLE001 - keep it in the outbox, retry on reconnect
             log.warning("could not deliver to the broker (%s); %d message(s) kept", exc, self.spool.pending())
             self.link.disconnect()
@@ -483,14 +547,9 @@ class Agent:
     def heartbeat(self, at_ms: int) -> None:
         if not self.link.connected:
             return
-        payload = {
-            "node": self.config.node,
-            "token": self.config.token,
-            "at_ms": at_ms,
-            "gpus": [{"uuid": uuid, "metrics": m} for uuid, m in self.last_metrics.items()],
-        }
+        body = {"at_ms": at_ms, "gpus": [{"uuid": uuid, "metrics": m} for uuid, m in self.last_metrics.items()]}
         try:
-            self.link.send("agents.heartbeat", payload)
+            self.link.send(R_HEARTBEAT, self._envelope(body, []))  # not spooled: the next one replaces it
         except Exception as exc:  # noqa: BLE001
             log.warning("heartbeat not delivered: %s", exc)
             self.link.disconnect()
@@ -499,10 +558,32 @@ class Agent:
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     backend = backend_for(config)
-    url, options = broker_options(config.broker_url, config.var_dir)
+    url, options = broker_options(config.broker_url, config.var_dir, node=config.node)
     link = BrokerLink(url=url, transport_options=options, node_name=config.node)
     spool = Spool(config.state_dir / "state.sqlite3")
-    Agent(config, backend, link, spool).run()
+    Agent(config, backend, link, spool, verifier=verifier_from_env(config.node, spool)).run()
+
+
+def verifier_from_env(node: str, spool: Spool) -> CommandVerifier:
+    """The platform's public keys, from ``GPUSHARE_NODELINK_PUBLIC_KEYS`` (``ed25519:...``, comma-separated)
+    or the file ``GPUSHARE_NODELINK_PUBLIC_KEY_FILE`` (one per line): what ``manage.py nodelink_keygen --public``
+    prints. Without one the agent refuses to start: it would have to refuse every command."""
+    text = os.environ.get("GPUSHARE_NODELINK_PUBLIC_KEYS", "")
+    path = os.environ.get("GPUSHARE_NODELINK_PUBLIC_KEY_FILE", "")
+    try:
+        if path:
+            with open(path) as source:
+                text += "\n" + source.read()
+        keys = public_keys_load(text)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"gpushare-agent: cannot load the platform's public keys: {exc}") from exc
+    if not keys:
+        raise SystemExit(
+            "gpushare-agent: no platform public key: set GPUSHARE_NODELINK_PUBLIC_KEY_FILE (or "
+            "GPUSHARE_NODELINK_PUBLIC_KEYS) to what `manage.py nodelink_keygen --public` prints"
+        )
+    skew = int(os.environ.get("GPUSHARE_NODELINK_CLOCK_SKEW_MS", "30000"))
+    return CommandVerifier(node, keys, spool.nonce_seen, skew_ms=skew)
 
 
 if __name__ == "__main__":

@@ -9,23 +9,9 @@ their durations add up to exactly the time the job held its GPUs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from .protocol import UsageWindow as Window  # the window's fields are declared once, in the protocol
 
-
-@dataclass(frozen=True)
-class Window:
-    job_id: int
-    attempt: int
-    seq: int
-    start_ms: int
-    end_ms: int
-    sm_util_ms: int  # Σ over the job's GPUs of (SM utilisation fraction × ms)
-    memory_avg_mb: int
-    memory_peak_mb: int
-    energy_mj: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["JobMeter", "Window", "split_energy"]
 
 
 class JobMeter:

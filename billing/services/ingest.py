@@ -11,6 +11,7 @@ from datetime import date
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Greatest
@@ -18,7 +19,8 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 from psycopg2.extras import execute_values
 
-from agents.models import Node
+from agents.agent.protocol import WINDOW_FIELDS
+from agents.models import Node, QuarantinedWindow
 from gpushare.observability.metrics import usage_ingest_observe
 from scheduler.models import Allocation, Job
 
@@ -78,9 +80,23 @@ class _Batch:
         # replay and overlap checks below then see every window already stored.
         locked = Job.objects.select_for_update(of=("self",)).filter(pk__in=job_ids).order_by("pk")
         self.jobs = {job.pk: job for job in locked.select_related("priority")}
-        self.models_on_node = dict(
-            Allocation.objects.filter(job_id__in=job_ids, gpu__node=node).values_list("job_id", "gpu__model")
+        self.now_ms = _ms(timezone.now())
+        self.skew_ms = settings.GPUSHARE["NODELINK_CLOCK_SKEW_MS"]
+        # The job's allocations (every node): when this node held it (a window must lie inside such a
+        # span), and how much GPU time the job can have been billed at most (Σ span × share).
+        self.models_on_node: dict[int, str] = {}
+        self.spans: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.held_gpu_ms: dict[int, int] = defaultdict(int)
+        allocations = Allocation.objects.filter(job_id__in=job_ids).values_list(
+            "job_id", "gpu__node_id", "gpu__model", "share_milli", "created_at", "released_at"
         )
+        for job_id, node_id, model, share, created, released in allocations:
+            start, end = _ms(created), _ms(released) if released else self.now_ms
+            self.held_gpu_ms[job_id] += max(0, end - start + 2 * self.skew_ms) * share // 1000
+            if node_id == node.pk:
+                self.models_on_node[job_id] = model
+                self.spans[job_id].append((start, end))
+        self.batch_gpu_ms: dict[int, int] = defaultdict(int)
         # Only stored windows that end after the batch's earliest start can be
         # replays of, or overlap, a window in this batch; as no window lasts
         # over MAX_WINDOW_MS, they start after earliest - MAX_WINDOW_MS (a
@@ -119,9 +135,11 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     and logged, not billed. Each accepted window is split into charges where
     the price, the tenant's discount or the month changes inside it.
     """
+    quarantine: list[tuple[object, str]] = []
     malformed = [w for w in windows if not isinstance(w, dict)]
     if malformed:
         log.warning("usage windows from %s rejected: %d not an object", node.name, len(malformed))
+        quarantine += [({"raw": repr(w)[:1000]}, "not an object") for w in malformed]
         windows = [w for w in windows if isinstance(w, dict)]
     batch = _Batch(node, windows)
     accepted: list[tuple[_Row, list[rating.Piece]]] = []
@@ -132,6 +150,7 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
         except WindowRejected as exc:
             rejected += 1
             log.warning("usage window from %s rejected: %s (%r)", node.name, exc, window)
+            quarantine.append((window, str(exc)))
             continue
         if result is None:
             replays += 1
@@ -140,6 +159,8 @@ def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     if accepted:
         _rows_insert(accepted)
         _job_totals_add([row for row, _ in accepted])
+    if quarantine:
+        _quarantine(node, quarantine)
     outcome = {"stored": len(accepted), "rejected": rejected, "replayed": replays}
     usage_ingest_observe(outcome=outcome, end_ms=[row.end_ms for row, _ in accepted])  # counts, ingest lag
     return outcome
@@ -277,7 +298,52 @@ def _copy_text(rows) -> io.StringIO:
     return io.StringIO("\n".join(lines))
 
 
+def _quarantine(node: Node, refused: list[tuple[object, str]]) -> None:
+    """Keep refused windows with the reason (nothing is silently dropped); a re-sent one is kept once."""
+
+    def key(window) -> tuple:
+        return tuple(window.get(k) if isinstance(window, dict) else None for k in ("job_id", "attempt", "seq"))
+
+    def as_int(value):
+        return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 62 else None
+
+    job_ids = {as_int(key(w)[0]) for w, _ in refused} - {None}
+    kept = set(
+        QuarantinedWindow.objects.filter(node=node, job_id__in=job_ids).values_list(
+            "job_id", "attempt", "seq", "reason"
+        )
+    )
+    rows = []
+    for window, reason in refused:
+        job_id, attempt, seq = (as_int(v) for v in key(window))
+        if job_id is not None and (job_id, attempt, seq, reason[:300]) in kept:
+            continue
+        kept.add((job_id, attempt, seq, reason[:300]))
+        rows.append(
+            QuarantinedWindow(node=node, job_id=job_id, attempt=attempt, seq=seq, window=window, reason=reason[:300])
+        )
+    QuarantinedWindow.objects.bulk_create(rows)
+
+
+def _inside_run(node: Node, job: Job, attempt: int, start_ms: int, end_ms: int, batch: _Batch) -> None:
+    """A window must lie inside its attempt's run on ``node``: while the node held the job's allocation,
+    after the attempt started, before it finished and before now (each within the clock-skew allowance)."""
+    skew = batch.skew_ms
+    if end_ms > batch.now_ms + skew:
+        raise WindowRejected(f"window ends {end_ms - batch.now_ms} ms in the future")
+    if not any(held - skew <= start_ms and end_ms <= until + skew for held, until in batch.spans[job.pk]):
+        raise WindowRejected(f"window lies outside the times node {node.name} held job {job.pk}")
+    if attempt == job.attempt and job.node_id == node.pk:
+        if job.started_at is not None and start_ms < _ms(job.started_at) - skew:
+            raise WindowRejected(f"window starts before attempt {attempt} of job {job.pk} started")
+        if job.finished_at is not None and end_ms > _ms(job.finished_at) + skew:
+            raise WindowRejected(f"window ends after attempt {attempt} of job {job.pk} finished")
+
+
 def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[rating.Piece]] | None:
+    unknown = set(window) - set(WINDOW_FIELDS)
+    if unknown:
+        raise WindowRejected(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:100]}")
     job_id = _int(window, "job_id")
     job = batch.jobs.get(job_id)
     if job is None:
@@ -297,6 +363,7 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[ra
     stored = batch.stored[job_id]
     if (attempt, seq) in stored.keys:
         return None  # a replay: already stored
+    _inside_run(node, job, attempt, start_ms, end_ms, batch)
     if stored.overlaps(start_ms, end_ms):
         raise WindowRejected(f"window {attempt}/{seq} overlaps another window of job {job_id}")
     gpus = max(1, job.gpu_count)
@@ -309,6 +376,11 @@ def _window_rate(node: Node, window: dict, batch: _Batch) -> tuple[_Row, list[ra
     energy_mj = _int(window, "energy_mj", 0)
     if energy_mj > MAX_MILLIWATTS_PER_GPU * gpus * duration // 1000:
         raise WindowRejected("energy_mj exceeds 10 kW per GPU")
+    # The job's billed GPU time never exceeds the time its GPUs were held (wall x GPUs, every attempt).
+    gpu_ms = duration * job.gpu_milli // 1000
+    if job.gpu_ms + batch.batch_gpu_ms[job_id] + gpu_ms > batch.held_gpu_ms[job_id]:
+        raise WindowRejected(f"billed GPU time of job {job_id} would exceed the time its GPUs were held")
+    batch.batch_gpu_ms[job_id] += gpu_ms
     stored.add(attempt, seq, start_ms, end_ms)
 
     gpu_model = batch.models_on_node[job_id]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from agents.agent.brokerconf import PLATFORM_QUEUE, broker_options
+from agents.agent.brokerconf import PLATFORM_QUEUE, REPORT_QUEUE, broker_options
 from gpushare.observability.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -204,6 +204,8 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = broker_options(_broker, VAR
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = PLATFORM_QUEUE
+# Node reports (agents.agent.protocol): consumed by every worker through its report gate; its depth is exported too.
+GPUSHARE_EXTRA_QUEUES = (REPORT_QUEUE,)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
@@ -249,6 +251,14 @@ GPUSHARE = {
     "METRICS_TOKEN": os.environ.get("GPUSHARE_METRICS_TOKEN", ""),
     # Webhooks reach public addresses only, and these networks (CIDRs, comma-separated) the operator allows.
     "WEBHOOK_ALLOWED_NETWORKS": os.environ.get("GPUSHARE_WEBHOOK_ALLOWED_NETWORKS", ""),
+    # The node link (docs/operator-guide.md, "Trust model"): where the platform's Ed25519 command-signing
+    # keys live (manage.py nodelink_keygen), how long a signed command stays valid, the clock skew allowed
+    # between platform and nodes (commands and usage windows), and whether a missing key is created on first
+    # use (dev and tests; production refuses to send unsigned and says to run nodelink_keygen).
+    "NODELINK_KEY_DIR": os.environ.get("GPUSHARE_NODELINK_KEY_DIR", str(VAR_DIR / "nodelink")),
+    "NODELINK_COMMAND_TTL_S": int(os.environ.get("GPUSHARE_NODELINK_COMMAND_TTL_S", "600")),
+    "NODELINK_CLOCK_SKEW_MS": int(os.environ.get("GPUSHARE_NODELINK_CLOCK_SKEW_MS", "15000")),
+    "NODELINK_AUTO_KEY": env_bool("GPUSHARE_NODELINK_AUTO_KEY", True),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")

@@ -59,6 +59,8 @@ if _problems:
 
 DEBUG = False
 STRIPE_TEST_MODE = env_bool("GPUSHARE_STRIPE_TEST_MODE", False)
+# Production never invents a command-signing key: `manage.py nodelink_keygen` creates it (operator guide).
+GPUSHARE["NODELINK_AUTO_KEY"] = env_bool("GPUSHARE_NODELINK_AUTO_KEY", False)
 
 # HTTPS only, behind a proxy that terminates TLS and sets X-Forwarded-Proto.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

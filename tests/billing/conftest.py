@@ -65,10 +65,12 @@ class Fleet:
             gpus = [g for g in node.gpus.order_by("index") if g.index in gpu_indexes]
         count = max(1, gpu_milli // 1000)
         share = min(1000, gpu_milli)
+        # Ingest stores only windows inside the time the node held the job: by default the job was
+        # placed on 2026-01-01 and still runs (the tests' windows are in 2026).
+        at = at if at is not None else dt(2026, 1, 1)
         for gpu in gpus[:count]:
             a = Allocation.objects.create(tenant=tenant, job=job, gpu=gpu, share_milli=share)
-            if at is not None:
-                Allocation.objects.filter(pk=a.pk).update(created_at=at, released_at=released)
+            Allocation.objects.filter(pk=a.pk).update(created_at=at, released_at=released)
         return job
 
 

@@ -12,6 +12,8 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from agents.agent.brokerconf import node_queue
+from agents.agent.protocol import CommandVerifier, public_key_parse
+from agents.nodelink import trusted_keys
 from scheduler.models import Job
 from scheduler.passes import launches_resend
 from scheduler.services import schedule_pass
@@ -24,7 +26,10 @@ def queued_launches(node: str) -> list[dict]:
     for raw in client.lrange(node_queue(node), 0, -1):
         envelope = json.loads(raw)
         if envelope["headers"]["task"] == "agent.launch":
-            out.append(json.loads(base64.b64decode(envelope["body"]))[1])
+            # a signed command: its body, as the node's agent would verify it
+            verifier = CommandVerifier(node, [public_key_parse(k) for k in trusted_keys()], lambda *_: False)
+            signed = json.loads(base64.b64decode(envelope["body"]))[1]
+            out.append(verifier.verify("agent.launch", signed).body)
     return out
 
 
