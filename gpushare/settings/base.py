@@ -249,6 +249,10 @@ GPUSHARE = {
     "METRICS_TOKEN": os.environ.get("GPUSHARE_METRICS_TOKEN", ""),
     # Webhooks reach public addresses only, and these networks (CIDRs, comma-separated) the operator allows.
     "WEBHOOK_ALLOWED_NETWORKS": os.environ.get("GPUSHARE_WEBHOOK_ALLOWED_NETWORKS", ""),
+    # Registries image jobs may pull from (comma-separated, e.g. "nvcr.io,ghcr.io"); empty: any.
+    "ALLOWED_REGISTRIES": tuple(
+        r.strip().lower() for r in os.environ.get("GPUSHARE_ALLOWED_REGISTRIES", "").split(",") if r.strip()
+    ),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")
