@@ -59,7 +59,9 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
     """Environment of every platform process (and of the harness's Django)."""
     return {
         "DJANGO_SETTINGS_MODULE": "bench.settings",  # production + a bare view (bench/urls.py)
-        "SECRET_KEY": "bench-" + "x" * 40,
+        "SECRET_KEY": "bench-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz",  # production's strength check
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "GPUSHARE_STRIPE_TEST_MODE": "1",  # a test key on purpose: the bench collects no money
         "DATABASE_URL": config.database_url,
         "REDIS_URL": config.redis_url,
         "STRIPE_API_KEY": "sk_test_bench",
@@ -308,6 +310,9 @@ class Stack:
     def agent_env(self, extra: dict | None = None) -> dict:
         """The agent never gets the database's address or the platform's secrets."""
         env = {k: v for k, v in self.env.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY")}
+        # Benchmark jobs write into the harness's own (private) dirs: single-tenant unless a case asks
+        # for --tenancy multi (bench/isolation_launch.py measures what multi-tenant costs at launch).
+        env.setdefault("GPUSHARE_AGENT_TENANCY", "single")
         env.update(extra or {})
         return env
 

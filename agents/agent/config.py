@@ -15,7 +15,7 @@ from .address import address_valid
 from .gpus import SimBackend
 from .jobs import DEFAULT_ENV_ALLOW
 from .logs import logging_setup
-from .sandbox import DEFAULT_UID_POOL, uid_pool_parse
+from .sandbox import DEFAULT_UID_POOL, searchable_dir, uid_pool_parse
 
 log = logging.getLogger("gpushare.agent")
 
@@ -48,7 +48,7 @@ class AgentConfig:
     keep_workdir_min: float = 0.0  # keep a finished attempt's work dir this long (debugging)
     job_disk_mb: int = 100 * 1024  # a job's work dir may hold this much; 0: unbounded
     disk_check_s: float = 5.0
-    job_nproc: int = 4096
+    job_nproc: int = 16384
     job_nofile: int = 65536
     network_policy: str = "nft"  # nft | off (multi-tenant only)
     job_egress: str = "allow"  # allow | deny
@@ -80,7 +80,7 @@ def backend_for(config: AgentConfig):
 
     try:
         # MPS pipe dirs live beside the work dirs: job uids must reach them, the agent's state they must not.
-        return NvmlBackend(state_dir=config.jobs_root.parent / f".{config.node}-gpu")
+        return NvmlBackend(state_dir=searchable_dir(config.jobs_root.parent / f".{config.node}-gpu"))
     except NvmlUnavailable as exc:
         if config.gpus == "nvml":
             raise SystemExit(f"gpushare-agent: --gpus nvml but NVML is not usable: {exc}") from exc
@@ -166,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     )
     iso.add_argument("--job-disk-mb", type=int, default=int(env.get("GPUSHARE_AGENT_JOB_DISK_MB", str(100 * 1024))))
     iso.add_argument("--disk-check-interval", type=float, default=float(env.get("GPUSHARE_AGENT_DISK_CHECK_S", "5")))
-    iso.add_argument("--job-nproc", type=int, default=int(env.get("GPUSHARE_AGENT_JOB_NPROC", "4096")))
+    iso.add_argument("--job-nproc", type=int, default=int(env.get("GPUSHARE_AGENT_JOB_NPROC", "16384")))
     iso.add_argument("--job-nofile", type=int, default=int(env.get("GPUSHARE_AGENT_JOB_NOFILE", "65536")))
     iso.add_argument(
         "--network-policy", choices=["nft", "off"], default=env.get("GPUSHARE_AGENT_NETWORK_POLICY", "nft")

@@ -19,7 +19,7 @@ from .sandbox import Drop
 # Variables the agent copies from its own environment into a job's; nothing
 # else of the agent's (broker URL, credentials) ever reaches a job.
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
-RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
+RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_", "DOCKER_", "GCONV_PATH", "GLIBC_TUNABLES")
 
 
 def now_ms() -> int:

@@ -36,7 +36,6 @@ from .jobs import (
     docker_available,
     docker_binary,
     env_file_problem,
-    job_environment,
     launch,
     now_ms,
     process_groups,
@@ -51,6 +50,7 @@ from .sandbox import (
     disk_usage_bytes,
     private_dir,
     private_files,
+    searchable_dir,
     secret_from_env,
     traversable_by_others,
     uid_kill_all,
@@ -95,8 +95,7 @@ class Agent:
         self.logs_dir = private_dir(config.state_dir / "logs")
         self.env_dir = private_dir(config.state_dir / "env")
         # Job work dirs: the root may be entered (0711) but not listed; each work dir is 0700, its job's own.
-        self.jobs_dir = config.jobs_root
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir = searchable_dir(config.jobs_root)
         os.chmod(self.jobs_dir, 0o711)
         self.workdir_expiry: dict[Path, tuple[float, int | None]] = {}  # kept work dir -> (remove at, uid)
         self.pool: UidPool | None = None
@@ -390,21 +389,16 @@ class Agent:
             self._launch_refused(spec, refused)
             return
         try:
-            extra_env = self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {}
-        except Exception as exc:  # noqa: BLE001 - MIG/MPS setup failed: the job fails, the agent keeps going
-            self._launch_refused(spec, f"could not set up the GPU slice: {exc}")
-            return
-        if spec.image:
-            problem = env_file_problem(
-                job_environment(spec, workdir=Path("/job"), agent_env={}, allow=(), extra=extra_env)
-            )
-            if problem:
-                self._launch_refused(spec, problem)
-                return
-        try:
             uid = self.pool.acquire() if self.pool is not None else None
         except IsolationError as exc:
             self._launch_refused(spec, str(exc))
+            return
+        try:
+            extra_env = self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {}
+        except Exception as exc:  # noqa: BLE001 - MIG/MPS setup failed: the job fails, the agent keeps going
+            if uid is not None:
+                self.pool.release(uid)
+            self._launch_refused(spec, f"could not set up the GPU slice: {exc}")
             return
         owner = (uid, uid) if uid is not None else self.run_as
         name = f"{spec.job_id}-{spec.attempt}"
@@ -448,6 +442,9 @@ class Agent:
             problem = image_check(spec.image, self.config.allowed_registries)
             if problem:
                 return f"image refused: {problem}"
+            problem = env_file_problem(spec.env)
+            if problem:
+                return problem
             if not docker_available(self.config.docker):
                 return f"job asks for image {spec.image!r} but no docker engine answers on this node"
         return ""

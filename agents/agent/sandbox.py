@@ -251,6 +251,15 @@ def private_dir(path: Path, *, mode: int = 0o700) -> Path:
     return path
 
 
+def searchable_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents as 0711 (every uid may pass through, none may list)."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o711)
+    return path
+
+
 def private_files(path: Path) -> None:
     """Every file directly in ``path`` made 0600 (an older agent left them 0644)."""
     for entry in path.iterdir():

@@ -48,7 +48,7 @@ def test_single_tenant_mode_is_said_at_start_and_shown_in_the_fleet(agent_factor
     agent = agent_factory(node, extra=["--tenancy", "single"])
     assert "SINGLE-TENANT MODE" in agent.log()
     assert Node.objects.get(name=node).isolation == {"tenancy": "single"}
-    fleet = admin_client.get("/console/").content.decode()
+    fleet = admin_client.get("/console/fleet/").content.decode()
     assert 'data-testid="node-tenancy"' in fleet and "single-tenant" in fleet
     # ... and the job sees no secret of the agent's anyway.
     launch_direct(agent, 9811, env_dump_command())

@@ -126,6 +126,7 @@ def test_the_docker_cli_gets_a_fixed_environment_and_a_hardened_argv(secure_agen
             env={"HF_TOKEN": "hf_secret_1", "DOCKER_HOST": "tcp://evil:2375", "PATH": "/evil/bin:/usr/bin"},
         )
         wait_output(agent, 9702, "CONTAINER-RAN")
+        wait_for(lambda: "job 9702 attempt 1 ended" in agent.log(), timeout=30, what="the job's end")
         argv = next(record.glob("argv.*")).read_text().splitlines()
         env = dict(line.split("=", 1) for line in next(record.glob("env.*")).read_text().splitlines() if "=" in line)
         env_file = next(record.glob("envfile.*")).read_text()
