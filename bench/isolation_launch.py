@@ -33,11 +33,12 @@ def run(ctx) -> tuple[list[Row], dict]:
     # platform, so only the difference matters (INFO logs: the harness waits for the worker's "ready.").
     ctx.log("isolation: starting a platform stack of its own")
     config = StackConfig(extra_env={"LOG_LEVEL": "INFO", "DJANGO_SETTINGS_MODULE": "gpushare.settings.dev"})
-    stack = Stack(ctx.workdir / "isolation", config).start()
+    stack = Stack(ctx.workdir / "isolation", config)
     stamps = Path(tempfile.mkdtemp(prefix="gpushare-bench-stamps-"))
     os.chmod(stamps, 0o711)
     raw: dict = {}
     try:
+        stack.start()  # inside the try: a stack that failed half-way is stopped too
         ctx.log(f"isolation: {n} idle launches, single-tenant agent")
         raw["single"] = _latency(stack, n, stamps / "single")
         if os.geteuid() == 0:
