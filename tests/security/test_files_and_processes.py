@@ -92,7 +92,6 @@ def _submit(platform, tenant, command, env) -> int:
 
 def test_tenant_b_cannot_reach_tenant_a_files_processes_or_the_node_token(platform, secure_agent):
     agent = secure_agent()
-    first, last = pool_uids(agent)
     acme, globex = TenantFactory(slug="acme"), TenantFactory(slug="globex")
     secret = "acme-secret-7f3a9c"
 
@@ -106,10 +105,8 @@ def test_tenant_b_cannot_reach_tenant_a_files_processes_or_the_node_token(platfo
     }
     b_id = _submit(platform, globex, [PY, "-c", ATTACKER], {"TARGET": json.dumps(target)})
     b = job_result(wait_output(agent, b_id, "RESULT="))
+    first, last = pool_uids(agent)
 
-    # Each job has its own uid from the pool, and no supplementary group.
-    assert first <= a["uid"] <= last and first <= b["uid"] <= last and a["uid"] != b["uid"]
-    assert b["groups"] == []
     # Every attack on A's files, log, outbox and process was refused by the kernel.
     for attack in (
         "list_jobs_root",
@@ -125,6 +122,9 @@ def test_tenant_b_cannot_reach_tenant_a_files_processes_or_the_node_token(platfo
         "signal_victim",
     ):
         assert b[attack] == "PermissionError", (attack, b)
+    # Each job has its own uid from the pool, and no supplementary group.
+    assert first <= a["uid"] <= last and first <= b["uid"] <= last and a["uid"] != b["uid"]
+    assert b["groups"] == []
     # Nothing B could read anywhere holds A's secret or the node's token.
     loot = (job_dir(agent, b_id) / "loot").read_bytes()
     assert loot, "the attacker read nothing at all: the scan did not run"

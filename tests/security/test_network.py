@@ -73,7 +73,6 @@ def _host_address() -> str | None:
 def test_a_job_reaches_no_platform_service_nor_another_tenants_replica(platform, secure_agent):
     metrics_port = free_port()
     agent = secure_agent(extra=["--metrics-port", str(metrics_port)])
-    assert f"table inet {table_name(agent.node)}" in nft_tables()
     replica_port = next(p for p in range(24000 + free_port() % 5000, 29999) if _free(p))
     launch_direct(agent, 9601, [PY, "-c", REPLICA], tenant="acme", env={"PORT": str(replica_port)})
     assert wait_output(agent, 9601, "OWN=", timeout=60).split("OWN=")[1].startswith("replica-a")
@@ -106,6 +105,7 @@ def test_a_job_reaches_no_platform_service_nor_another_tenants_replica(platform,
     assert set(result) == set(targets)
     for name, outcome in result.items():
         assert outcome != "CONNECTED", (name, result)
+    assert f"table inet {table_name(agent.node)}" in nft_tables()
 
     agent.stop()  # the agent removes its table when it stops
     wait_for(lambda: table_name(agent.node) not in nft_tables(), timeout=10, what="the nft table removed")
