@@ -87,6 +87,8 @@ def secure_agent(agent_factory, work_root):
                     proc.kill()
                 except psutil.NoSuchProcess:
                     pass
+        for uid in range(first, last + 1):  # the pool's lock files (the agent keeps them: flock + unlink races)
+            Path(f"/run/gpushare/uids/{uid}").unlink(missing_ok=True)
 
 
 def nft_tables() -> str:
