@@ -118,3 +118,31 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+EGRESS = r"""
+import json, os, socket
+result = {}
+for name, host in json.loads(os.environ["HOSTS"]).items():
+    try:
+        socket.create_connection((host, 80), timeout=3).close()
+        result[name] = "CONNECTED"
+    except OSError as exc:
+        result[name] = type(exc).__name__
+print("RESULT=" + json.dumps(result), flush=True)
+"""
+# Documentation ranges (RFC 5737): only our rules refuse them at once (an ICMP reject: ECONNREFUSED).
+PLATFORM_HOST, OUTSIDE_HOST = "198.51.100.7", "203.0.113.9"
+
+
+@pytest.mark.parametrize("egress", ["allow", "deny"])
+def test_platform_addresses_are_refused_and_egress_is_the_operators_choice(secure_agent, egress):
+    agent = secure_agent(extra=["--platform-addresses", "198.51.100.0/24", "--job-egress", egress])
+    hosts = {"platform": PLATFORM_HOST, "outside": OUTSIDE_HOST}
+    launch_direct(agent, 9611, [PY, "-c", EGRESS], tenant="acme", env={"HOSTS": json.dumps(hosts)})
+    result = job_result(wait_output(agent, 9611, "RESULT=", timeout=60))
+    assert result["platform"] == "ConnectionRefusedError", result  # rejected by the table, at once
+    if egress == "deny":
+        assert result["outside"] == "ConnectionRefusedError", result
+    else:  # whatever the network does with it (this machine's gateway answers), the table lets it out
+        assert result["outside"] != "ConnectionRefusedError", result
