@@ -7,7 +7,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tests.agents.conftest import launch_direct, wait_output
+from tests.agents.conftest import job_dir, launch_direct, wait_output
 from tests.factories import wait_for
 from tests.security.conftest import PY, job_result, run_as, uid_processes
 
@@ -103,3 +103,16 @@ def test_a_job_cannot_fork_past_its_process_limit(secure_agent):
     launch_direct(agent, 9521, [PY, "-c", bomb], tenant="acme")
     out = wait_output(agent, 9521, "STOPPED_AT=")
     assert int(out.split("STOPPED_AT=")[1].split()[0]) < 20
+
+
+def test_a_kept_work_dir_keeps_its_uid_reserved_until_it_goes(secure_agent):
+    agent = secure_agent(pool_size=1, extra=["--keep-workdir-minutes", "0.1"])  # 6 s, for debugging
+    launch_direct(agent, 9531, [PY, "-c", "print('done', flush=True)"], tenant="acme")
+    wait_for(lambda: "job 9531 attempt 1 ended" in agent.log(), timeout=30, what="the job's end")
+    assert job_dir(agent, 9531).exists()  # kept for the operator
+    # Its uid still owns files: no other job may have it meanwhile.
+    launch_direct(agent, 9532, [PY, "-c", "print('second', flush=True)"], tenant="globex")
+    wait_for(lambda: "job 9532 attempt 1 not started: uid pool" in agent.log(), timeout=30, what="the refusal")
+    wait_for(lambda: not job_dir(agent, 9531).exists(), timeout=30, what="the kept work dir removed")
+    launch_direct(agent, 9533, [PY, "-c", "print('third', flush=True)"], tenant="globex")
+    wait_output(agent, 9533, "third")
