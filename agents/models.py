@@ -28,12 +28,20 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=200, blank=True)
     # The operator's cordon/drain of a node that then went down, restored when it registers again.
     state_before_down = models.CharField(max_length=16, choices=State.choices, blank=True)
+    # What the agent enforces between tenants, as it reported at registration: {"tenancy": "multi"|"single",
+    # "uid_pool", "network_policy", "job_egress"}; {} from an agent older than the report.
+    isolation = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def single_tenant(self) -> bool:
+        """The agent runs every job as one user: fine for one tenant, never for two."""
+        return self.isolation.get("tenancy") == "single"
 
     @property
     def schedulable(self) -> bool:

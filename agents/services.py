@@ -111,6 +111,12 @@ def node_register(*, node: Node, info: dict) -> Node:
     node.cuda_version = str(info.get("cuda_version", ""))[:32]
     node.backend = str(info.get("backend", ""))[:16]
     node.address = _address_reported(node.name, info.get("address"))
+    isolation = info.get("isolation")
+    node.isolation = (
+        {k: str(v)[:64] for k, v in isolation.items() if k in ("tenancy", "uid_pool", "network_policy", "job_egress")}
+        if isinstance(isolation, dict)
+        else {}
+    )
     node.registered_at = node.last_heartbeat_at = timezone.now()
     if node.state in (Node.State.PENDING, Node.State.DOWN):
         held = node.state_before_down in (Node.State.CORDONED, Node.State.DRAINING)

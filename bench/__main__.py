@@ -38,6 +38,7 @@ BENCHMARKS = {
     "agent": "bench.agent_overhead",
     "invoice": "bench.invoice_close",
     "gateway": "bench.endpoints_gateway",
+    "isolation": "bench.isolation_launch",
 }
 EXTERNAL = {"scheduler-scale", "packing", "gateway"}
 

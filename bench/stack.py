@@ -318,6 +318,9 @@ class Stack:
         # The stack's command-signing key (its processes' GPUSHARE_VAR_DIR/nodelink): the agent verifies with it.
         key = nodelink.key_create(folder=self.var_dir / "nodelink")
         env["GPUSHARE_NODELINK_PUBLIC_KEYS"] = nodelink.public_text(key)
+        # Benchmark jobs write into the harness's own (private) dirs: single-tenant unless a case asks
+        # for --tenancy multi (bench/isolation_launch.py measures what multi-tenant costs at launch).
+        env.setdefault("GPUSHARE_AGENT_TENANCY", "single")
         env.update(extra or {})
         return env
 

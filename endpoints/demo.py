@@ -3,6 +3,7 @@ tried with one curl (README, Quick start)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 from django_scopes import scopes_disabled
@@ -47,7 +48,7 @@ def demo_endpoint_ensure(*, tenant, user=None) -> Endpoint:
         return found
     spec = EndpointSpec(
         name=DEMO_NAME,
-        command=[sys.executable, "-c", ECHO_SERVER],
+        command=[_interpreter(), "-c", ECHO_SERVER],
         gpu_milli=125,
         min_replicas=0,
         max_replicas=1,
@@ -55,3 +56,9 @@ def demo_endpoint_ensure(*, tenant, user=None) -> Endpoint:
         health_path="/health",
     )
     return endpoint_create(tenant=tenant, user=user, spec=spec)
+
+
+def _interpreter() -> str:
+    """The host's python3 (every job uid can run it; a venv may sit where only its owner can enter,
+    such as /root), else this interpreter."""
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable

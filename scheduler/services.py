@@ -18,6 +18,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.quotas import submission_check
+from agents.agent.imageref import image_check
 from agents.models import Node
 from webhooks import emit as webhook_emit
 
@@ -157,6 +158,10 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, 
     """The job's mode and priority class once the tenant may submit ``count`` such jobs (raises JobError)."""
     if tenant.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {tenant.slug} is {tenant.state} and cannot submit jobs", code="forbidden")
+    if spec.image:
+        problem = image_check(spec.image, settings.GPUSHARE.get("ALLOWED_REGISTRIES", ()))
+        if problem:
+            raise JobError(problem, field="image")
     mode = job_mode_for(kind=spec.kind, gpu_milli=spec.gpu_milli)
     if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
         raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")

@@ -51,6 +51,15 @@ def main() -> None:
         os.environ["STRIPE_LOCALSTRIPE"] = "1"
     var = Path(os.environ.setdefault("GPUSHARE_VAR_DIR", str(ROOT / "var")))
     var.mkdir(parents=True, exist_ok=True)
+    # The SQLite database (every tenant's job environment), the filesystem broker and the agent's
+    # state: no other user, and no job uid, may enter (docs/operator-guide.md, Security model).
+    os.chmod(var, 0o700)
+    agent_flags = ""
+    if os.geteuid() == 0:  # multi-tenant agent: job work dirs outside var/, on a path every job uid can enter
+        work_root = Path(os.environ.get("GPUSHARE_AGENT_WORK_ROOT", f"/var/tmp/gpushare-{PORT}/jobs"))
+        work_root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(work_root.parent, 0o711)
+        agent_flags = f" --work-root {work_root}"
     manage("migrate", "--noinput", "-v", "0")
     manage("collectstatic", "--noinput", "-v", "0")
     demo = json.loads(manage("seed_demo", "--node", NODE, capture=True).strip().splitlines()[-1])
@@ -74,7 +83,7 @@ def main() -> None:
                 f"beat: GPUSHARE_METRICS_PORT={BEAT_OPS_PORT} {BIN / 'celery'} -A gpushare beat -l info"
                 f" -s {var / 'celerybeat-schedule'}",
                 f"agent: {python} -m agents --node {NODE} --gpus {SIM_GPUS} --var-dir {var}"
-                f" --metrics-port {AGENT_OPS_PORT}",
+                f" --metrics-port {AGENT_OPS_PORT}{agent_flags}",
                 f"gateway: {python} -m endpoints --port {GATEWAY_PORT}",
                 *([stripe_line] if offline_stripe else []),
             ]

@@ -195,6 +195,9 @@ def agent_factory(transactional_db, tmp_path, celery_worker_process):
             env.pop(secret, None)  # the agent never needs the database
         env["GPUSHARE_AGENT_TOKEN"] = token  # as the systemd unit passes it: never on the command line
         env["GPUSHARE_NODELINK_PUBLIC_KEYS"] = ",".join(trusted_keys())  # verifies the platform's commands
+        # These tests' jobs run this venv's interpreter (under /root here, which no job uid can enter):
+        # single-tenant unless a test asks for --tenancy multi (tests/security/ does).
+        env.setdefault("GPUSHARE_AGENT_TENANCY", "single")
         agent = AgentProcess(node=node, token=token, argv=argv, env=env, var_dir=var_dir).start()
         started.append(agent)
         if wait:

@@ -14,11 +14,12 @@ from pathlib import Path
 import psutil
 
 from .cgroups import JobCgroup
+from .sandbox import Drop
 
 # Variables the agent copies from its own environment into a job's; nothing
 # else of the agent's (broker URL, credentials) ever reaches a job.
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
-RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
+RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_", "DOCKER_", "GCONV_PATH", "GLIBC_TUNABLES")
 
 
 def now_ms() -> int:
@@ -92,14 +93,46 @@ def job_environment(
     return env
 
 
+# The docker CLI runs as root with this environment, never the job's: DOCKER_HOST, DOCKER_CONFIG,
+# PATH or LD_PRELOAD of a tenant cannot steer it. The operator's own DOCKER_* (the agent's
+# environment) still apply.
+DOCKER_CLI_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+DOCKER_OPERATOR_VARS = (
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_TLS_VERIFY",
+    "DOCKER_CERT_PATH",
+)
+
+
+def docker_cli_env(agent_env: dict[str, str]) -> dict[str, str]:
+    """The fixed environment the docker CLI runs with (the operator's docker settings, nothing of a job's)."""
+    return {**DOCKER_CLI_ENV, **{k: agent_env[k] for k in DOCKER_OPERATOR_VARS if k in agent_env}}
+
+
+def docker_binary(docker: str) -> str | None:
+    """The docker CLI by absolute path, found on the fixed PATH (never a job's)."""
+    if not docker:
+        return None
+    if os.path.isabs(docker):
+        return docker if os.access(docker, os.X_OK) else None
+    return shutil.which(docker, path=DOCKER_CLI_ENV["PATH"])
+
+
 def docker_available(docker: str) -> bool:
     """Whether a docker CLI is installed and its engine answers."""
-    exe = shutil.which(docker) if docker else None
+    exe = docker_binary(docker)
     if exe is None:
         return False
     try:
         result = subprocess.run(
-            [exe, "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=15, check=False
+            [exe, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            timeout=15,
+            check=False,
+            env=docker_cli_env(dict(os.environ)),
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -110,18 +143,48 @@ def container_name(spec: LaunchSpec) -> str:
     return f"gpushare-job-{spec.job_id}-{spec.attempt}"
 
 
-def docker_argv(spec: LaunchSpec, *, docker: str, env: dict[str, str], workdir: Path, run_as=None) -> list[str]:
-    """``docker run`` for a job: its GPUs by UUID, its environment by name only
-    (values travel in the CLI's environment, never on argv), its workdir at /job."""
+def env_file_lines(env: dict[str, str]) -> str:
+    """``--env-file`` content. Its format has no quoting: a value with a newline would smuggle in
+    another variable, so such a job is refused (``env_file_problem``) before this is written."""
+    return "".join(f"{key}={value}\n" for key, value in sorted(env.items()) if key not in ("PATH", "HOME", "TMPDIR"))
+
+
+def env_file_problem(env: dict[str, str]) -> str:
+    bad = sorted(k for k, v in env.items() if "\n" in v or "\r" in v or "\0" in v or "\n" in k or "=" in k)
+    return f"variables {', '.join(bad)} hold a line break, which an image job's env file cannot carry" if bad else ""
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    pids_limit: int = 4096
+    network: str = ""  # "": docker's default bridge
+
+
+def docker_argv(
+    spec: LaunchSpec,
+    *,
+    docker: str,
+    env_file: Path | None = None,
+    workdir: Path,
+    run_as=None,
+    options: DockerOptions | None = None,
+) -> list[str]:
+    """``docker run`` for a job: its GPUs by UUID, its environment through a 0600 env file (never
+    on argv, never in the CLI's own environment), its workdir at /job, no capabilities, no new
+    privileges, a pids limit, the job's uid, and ``--`` before the (validated) image."""
+    options = options or DockerOptions()
     argv = [docker, "run", "--rm", "--init", "--name", container_name(spec), "-v", f"{workdir}:/job", "-w", "/job"]
+    argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--pids-limit", str(options.pids_limit)]
+    argv += ["-e", "HOME=/job", "-e", "TMPDIR=/job/tmp"]
     if spec.gpu_uuids:
         argv += ["--gpus", f'"device={",".join(spec.gpu_uuids)}"']
     if run_as is not None:
         argv += ["--user", f"{run_as[0]}:{run_as[1]}"]
-    for key in sorted(env):
-        if key not in ("PATH", "HOME", "TMPDIR"):
-            argv += ["-e", key]
-    return [*argv, spec.image, *spec.command]
+    if options.network:
+        argv += ["--network", options.network]
+    if env_file is not None:
+        argv += ["--env-file", str(env_file)]
+    return [*argv, "--", spec.image, *spec.command]
 
 
 class LogCapture(threading.Thread):
@@ -136,7 +199,7 @@ class LogCapture(threading.Thread):
         self.truncated = False
 
     def run(self) -> None:
-        with open(self.path, "ab") as out:
+        with open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as out:
             while chunk := self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536):
                 room = self.cap - self.written
                 if room > 0:
@@ -174,6 +237,9 @@ class RunningJob:
     container: str = ""  # docker runtime: the container to kill when the grace period ends
     docker: str = ""
     cgroup: JobCgroup | None = None
+    uid: int | None = None  # the job's own pool uid (multi-tenant)
+    env_file: Path | None = None
+    next_disk_check: float = 0.0
 
     @property
     def deadline(self) -> float:
@@ -262,36 +328,52 @@ def _pgid(pid: int) -> int | None:
 def launch(
     spec: LaunchSpec,
     *,
-    jobs_dir: Path,
+    workdir: Path,
+    log_path: Path,
     agent_env: dict[str, str],
     env_allow: tuple[str, ...],
     extra_env: dict[str, str],
     log_cap: int,
-    run_as: tuple[int, int] | None = None,
+    drop: Drop,
     docker: str = "",
+    docker_options: DockerOptions | None = None,
+    env_file: Path | None = None,
     cgroup_root: Path | None = None,
 ) -> RunningJob:
     """Start the job's command in its own session (process group); with
-    ``docker``, start ``docker run`` of the job's image instead."""
-    workdir = jobs_dir / f"{spec.job_id}-{spec.attempt}"
-    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "output.log"
-    log_path.touch()
+    ``docker``, start ``docker run`` of the job's image instead.
+
+    ``workdir`` already exists, private to the job (``sandbox.workdir_make``).
+    The child joins the job's cgroup, drops to the job's uid and sets
+    ``no_new_privs`` in this process's own code (``sandbox.Drop``) before
+    ``execve``; the job's environment reaches only the job's program.
+    """
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(log_fd)
     env = job_environment(spec, workdir=workdir, agent_env=agent_env, allow=env_allow, extra=extra_env)
-    kwargs: dict = {}
     argv = spec.command
+    run_as = (drop.uid, drop.gid) if drop.uid is not None else None
     if docker:
-        argv = docker_argv(spec, docker=docker, env=env, workdir=workdir, run_as=run_as)
-        env = {**env, "PATH": os.environ.get("PATH", env["PATH"])}
+        # The CLI stays root (it talks to the engine); the container runs as the job's uid.
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as out:
+            out.write(env_file_lines(env))
+        argv = docker_argv(
+            spec, docker=docker, env_file=env_file, workdir=workdir, run_as=run_as, options=docker_options
+        )
+        env = docker_cli_env(agent_env)
+        drop = Drop(uid=None, nofile=drop.nofile)
     cgroup = None
     if cgroup_root is not None and not docker:
         cgroup = JobCgroup.create(cgroup_root, f"{spec.job_id}-{spec.attempt}")
-        argv = cgroup.shim(argv, run_as=run_as)  # joins the cgroup, then drops to run_as (groups cleared)
-    if run_as is not None:
-        os.chown(workdir, run_as[0], run_as[1])
-        os.chown(workdir / "tmp", run_as[0], run_as[1])
-        if not docker and cgroup is None:  # supplementary groups dropped: extra_groups=[]
-            kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
+        drop = Drop(
+            uid=drop.uid,
+            gid=drop.gid,
+            cgroup_procs=str(cgroup.path / "cgroup.procs"),
+            nproc=drop.nproc,
+            nofile=drop.nofile,
+            umask=drop.umask,
+        )
     started_ms = now_ms()
     try:
         proc = subprocess.Popen(
@@ -303,14 +385,17 @@ def launch(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            **kwargs,
+            preexec_fn=drop,  # our own code: no lock, no logging, no import (sandbox.Drop)
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         with open(log_path, "ab") as out:
-            out.write(f"[gpushare: could not start {argv[0]!r}: {exc.strerror or exc}]\n".encode())
+            reason = getattr(exc, "strerror", None) or exc
+            out.write(f"[gpushare: could not start {argv[0]!r}: {reason}]\n".encode())
         job = RunningJob(spec=spec, proc=None, pgid=-1, started_ms=started_ms, workdir=workdir, log_path=log_path)
         job.exit_code = 127
         job.ended_ms = started_ms + 1
+        job.uid = drop.uid
+        job.env_file = env_file
         if cgroup is not None:
             cgroup.remove()
         return job
@@ -327,6 +412,8 @@ def launch(
         container=container_name(spec) if docker else "",
         docker=docker,
         cgroup=cgroup,
+        uid=run_as[0] if run_as else None,
+        env_file=env_file,
     )
     job.refresh_pids()
     return job

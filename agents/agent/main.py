@@ -13,11 +13,13 @@ import base64
 import logging
 import os
 import pwd
+import shutil
 import signal
 import socket
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 from . import __version__
 from .address import address_detect
@@ -26,9 +28,21 @@ from .cgroups import cgroup_root, leftovers_kill
 from .config import AgentConfig, backend_for, parse_args
 from .gpus import JobProcesses
 from .health import event_describe, event_is_application_error, event_takes_gpu_out
-from .jobs import LaunchSpec, RunningJob, docker_available, launch, now_ms, process_groups
+from .imageref import image_check
+from .jobs import (
+    DockerOptions,
+    LaunchSpec,
+    RunningJob,
+    docker_available,
+    docker_binary,
+    env_file_problem,
+    launch,
+    now_ms,
+    process_groups,
+)
 from .meter import JobMeter, split_energy
 from .metrics import AgentMetrics
+from .netpolicy import NetPolicy, NetPolicyError
 from .protocol import (
     ACK,
     LAUNCH,
@@ -44,6 +58,19 @@ from .protocol import (
     public_keys_load,
     report_kwargs,
 )
+from .sandbox import (
+    Drop,
+    IsolationError,
+    UidPool,
+    disk_usage_bytes,
+    private_dir,
+    private_files,
+    searchable_dir,
+    secret_from_env,
+    traversable_by_others,
+    uid_kill_all,
+    workdir_make,
+)
 from .spool import Spool
 from .transport import BrokerLink, Command
 
@@ -53,6 +80,7 @@ LOG_CHUNK = 64 * 1024
 OUTBOX_BATCH = 200
 # Commands handled per loop step before reaping and flushing (acknowledgements come in bursts).
 COMMANDS_PER_STEP = 200
+LOG_KEEP_S = 24 * 3600  # a finished job's log file stays this long in the agent's (private) state dir
 
 
 class Agent:
@@ -81,9 +109,61 @@ class Agent:
         self.last_metrics: dict[str, dict] = {}
         self.run_as = self._run_as(config.run_as)
         self.cgroup_root = cgroup_root(config.cgroup_root)
-        self.jobs_dir = config.state_dir / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.multi_tenant = config.multi_tenant
+        # The agent's own files: 0700 dirs, 0600 files (the umask is 077 from main()).
+        private_dir(config.state_dir.parent)
+        private_dir(config.state_dir)
+        private_files(config.state_dir)
+        self.logs_dir = private_dir(config.state_dir / "logs")
+        self.env_dir = private_dir(config.state_dir / "env")
+        # Job work dirs: the root may be entered (0711) but not listed; each work dir is 0700, its job's own.
+        self.jobs_dir = searchable_dir(config.jobs_root)
+        os.chmod(self.jobs_dir, 0o711)
+        self.workdir_expiry: dict[Path, tuple[float, int | None]] = {}  # kept work dir -> (remove at, uid)
+        self.pool: UidPool | None = None
+        self.netpolicy: NetPolicy | None = None
+        if self.multi_tenant:
+            self._isolation_setup()
         self.metrics = AgentMetrics(self)  # Prometheus, /healthz, /readyz (metrics.py)
+
+    def _isolation_setup(self) -> None:
+        """Multi-tenant: the uid pool and the network policy, or no start at all (never a silent fallback)."""
+        config = self.config
+        blocked = traversable_by_others(self.jobs_dir)
+        if blocked is not None:
+            raise IsolationError(
+                f"job uids cannot reach their work dirs under {self.jobs_dir}: {blocked} is not searchable by "
+                "others (o+x); pass --work-root on a path every user can traverse"
+            )
+        first, last = config.uid_pool
+        self.pool = UidPool(first, last, lock_dir=Path("/run/gpushare/uids"))
+        accounts = self.pool.users_inside()
+        if accounts:
+            raise IsolationError(
+                f"the uid pool {first}-{last} holds host accounts ({', '.join(accounts[:5])}): "
+                "pick a --uid-pool no account uses"
+            )
+        if config.network_policy == "nft":
+            self.netpolicy = NetPolicy(
+                node=config.node,
+                uid_first=first,
+                uid_last=last,
+                replica_ports=config.replica_ports,
+                gateways=list(config.gateway_addresses),
+                platform=list(config.platform_addresses),
+                egress=config.job_egress,
+            )
+
+    def isolation(self) -> dict:
+        """What this node enforces, as registration reports it (the console's fleet view shows it)."""
+        if not self.multi_tenant:
+            return {"tenancy": "single"}
+        return {
+            "tenancy": "multi",
+            "uid_pool": "{}-{}".format(*self.config.uid_pool),
+            "network_policy": "nft" if self.netpolicy else "off",
+            "job_egress": self.config.job_egress,
+        }
 
     @staticmethod
     def _run_as(user: str) -> tuple[int, int] | None:
@@ -98,6 +178,15 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.recover_previous()
+        if self.netpolicy is not None:
+            try:
+                self.netpolicy.install()
+            except (NetPolicyError, OSError) as exc:
+                raise IsolationError(
+                    f"multi-tenant node without its network policy: {exc}. Install nftables, or pass "
+                    "--network-policy off to run jobs without network isolation (said at registration)"
+                ) from exc
+        self._tenancy_say()
         info = self.registration()
         self.report(R_REGISTER, {"info": info})
         log.info(
@@ -119,6 +208,23 @@ class Agent:
                     next_tick = time.monotonic() + self.config.sample_interval_s
         self.shutdown()
 
+    def _tenancy_say(self) -> None:
+        if not self.multi_tenant:
+            log.warning(
+                "SINGLE-TENANT MODE: every job runs as %s and can read every other job's files, processes and "
+                "network; do not give this node to more than one tenant (root starts it multi-tenant)",
+                self.config.run_as or pwd.getpwuid(os.geteuid()).pw_name,
+            )
+            return
+        log.info(
+            "multi-tenant mode: each job as its own uid from %s-%s, work dirs under %s, network policy %s",
+            *self.config.uid_pool,
+            self.jobs_dir,
+            "nft" if self.netpolicy else "OFF",
+        )
+        if self.netpolicy is None:
+            log.warning("network policy OFF (--network-policy off): jobs can reach the node's local services")
+
     def _on_signal(self, signum, frame) -> None:
         log.info("signal %s: shutting down", signum)
         self.stopping = True
@@ -139,6 +245,7 @@ class Agent:
             "address": self.address(),
             "gpus": [g.as_dict() for g in self.gpus.values()],
             "running": [{"job_id": j.spec.job_id, "attempt": j.spec.attempt} for j in self.jobs.values()],
+            "isolation": self.isolation(),
             **self.backend.versions(),
         }
 
@@ -160,6 +267,17 @@ class Agent:
         if self.cgroup_root is not None:
             for name in leftovers_kill(self.cgroup_root):
                 log.warning("killed the processes left in cgroup %s by a previous run", name)
+        if self.pool is not None:
+            for uid, count in self.pool.orphans_kill().items():
+                log.warning("killed %d process(es) left running as job uid %s by a previous run", count, uid)
+        for path in self.jobs_dir.iterdir():  # work dirs of attempts that ended with the previous run
+            if path.is_dir() and not path.name.startswith("."):
+                shutil.rmtree(path, ignore_errors=True)
+        for path in self.env_dir.iterdir():
+            path.unlink(missing_ok=True)
+        for path in self.logs_dir.iterdir():  # shipped long ago: the platform keeps the job's log
+            if time.time() - path.stat().st_mtime > LOG_KEEP_S:
+                path.unlink(missing_ok=True)
 
     def shutdown(self) -> None:
         for job in self.jobs.values():
@@ -179,6 +297,10 @@ class Agent:
                 self.commands_receive(0.2)
             else:
                 time.sleep(0.2)
+        for path, (_at, uid) in list(self.workdir_expiry.items()):
+            self._workdir_remove(path, uid)
+        if self.netpolicy is not None:
+            self.netpolicy.remove()
         self.metrics.stop()
         self.link.disconnect()
         self.backend.close()
@@ -326,25 +448,46 @@ class Agent:
         if unknown:
             self._launch_refused(spec, f"node has no GPU {', '.join(unknown)}")
             return
-        if spec.image and not docker_available(self.config.docker):
-            self._launch_refused(spec, f"job asks for image {spec.image!r} but no docker engine answers on this node")
+        refused = self._launch_check(spec)
+        if refused:
+            self._launch_refused(spec, refused)
+            return
+        try:
+            uid = self.pool.acquire() if self.pool is not None else None
+        except IsolationError as exc:
+            self._launch_refused(spec, str(exc))
             return
         try:
             extra_env = self.backend.job_env(spec) if hasattr(self.backend, "job_env") else {}
         except Exception as exc:  # noqa: BLE001 - MIG/MPS setup failed: the job fails, the agent keeps going
+            if uid is not None:
+                self.pool.release(uid)
             self._launch_refused(spec, f"could not set up the GPU slice: {exc}")
             return
+        owner = (uid, uid) if uid is not None else self.run_as
+        name = f"{spec.job_id}-{spec.attempt}"
+        workdir = workdir_make(self.jobs_dir / name, owner=owner)
+        drop = Drop(
+            uid=owner[0] if owner else None,
+            gid=owner[1] if owner else None,
+            nproc=self.config.job_nproc if uid is not None else 0,
+            nofile=self.config.job_nofile,
+        )
         job = launch(
             spec,
-            jobs_dir=self.jobs_dir,
+            workdir=workdir,
+            log_path=self.logs_dir / f"{name}.log",
             agent_env=dict(os.environ),
             env_allow=self.config.env_allow,
             extra_env=extra_env,
             log_cap=self.config.log_cap_bytes,
-            run_as=self.run_as,
-            docker=self.config.docker if spec.image else "",
+            drop=drop,
+            docker=(docker_binary(self.config.docker) or self.config.docker) if spec.image else "",
+            docker_options=DockerOptions(pids_limit=self.config.docker_pids_limit, network=self.config.docker_network),
+            env_file=self.env_dir / f"{name}.env" if spec.image else None,
             cgroup_root=self.cgroup_root,
         )
+        job.uid = uid
         self.jobs[spec.job_id] = job
         self.meters[spec.job_id] = JobMeter(
             job_id=spec.job_id,
@@ -356,6 +499,25 @@ class Agent:
             self.spool.job_record(job_id=spec.job_id, attempt=spec.attempt, pgid=job.pgid, started_ms=job.started_ms)
         self.report("agents.job_started", {"job_id": spec.job_id, "attempt": spec.attempt, "at_ms": job.started_ms})
         log.info("job %s attempt %s started on %s", spec.job_id, spec.attempt, spec.gpu_uuids or "no GPU")
+
+    def _launch_check(self, spec: LaunchSpec) -> str:
+        """Why this node will not start the job, or "" (the API checked too: this is the node's own word)."""
+        if spec.image:
+            problem = image_check(spec.image, self.config.allowed_registries)
+            if problem:
+                return f"image refused: {problem}"
+            problem = env_file_problem(spec.env)
+            if problem:
+                return problem
+            if not docker_available(self.config.docker):
+                return f"job asks for image {spec.image!r} but no docker engine answers on this node"
+        return ""
+
+    def _workdir_remove(self, path: Path, uid: int | None) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        self.workdir_expiry.pop(path, None)
+        if uid is not None and self.pool is not None:
+            self.pool.release(uid)
 
     def _launch_refused(self, spec: LaunchSpec, reason: str) -> None:
         """Report a job that could not start as started and failed at once, with ``reason``."""
@@ -397,6 +559,8 @@ class Agent:
             if job.ended_ms is None:
                 job.ended_ms = now_ms()
                 job.signal_group(signal.SIGKILL)  # the main process ended: so does the job
+                if job.uid is not None and not job.container:
+                    uid_kill_all(job.uid)  # its escaped processes too: everything that runs as its uid
             if job.running():
                 continue
             if not self._off_gpu(job):
@@ -439,6 +603,15 @@ class Agent:
         del self.jobs[spec.job_id]
         if job.cgroup is not None:
             job.cgroup.remove()
+        if job.env_file is not None:
+            job.env_file.unlink(missing_ok=True)
+        # The work dir goes once the output is shipped (it is in the agent's own log file), unless the
+        # operator keeps finished ones for a while; the job's uid stays reserved while its files exist.
+        keep_s = self.config.keep_workdir_min * 60
+        if keep_s > 0:
+            self.workdir_expiry[job.workdir] = (time.monotonic() + keep_s, job.uid)
+        else:
+            self._workdir_remove(job.workdir, job.uid)
         if hasattr(self.backend, "job_ended"):
             self.backend.job_ended(spec)
         log.info("job %s attempt %s ended: exit %s %s", spec.job_id, spec.attempt, job.exit_code, reason)
@@ -504,6 +677,12 @@ class Agent:
                 self.report("agents.usage", {"windows": [window.as_dict()]})
             self.ship_logs(job)
             self._enforce_memory(job, use)
+            self._enforce_disk(job)
+        if self.netpolicy is not None:
+            self.netpolicy.own_ports_sync({j.uid for j in running if j.uid is not None})
+        for path, (at, uid) in list(self.workdir_expiry.items()):
+            if time.monotonic() >= at:
+                self._workdir_remove(path, uid)
         self.last_metrics = {uuid: s.metrics() for uuid, s in samples.items()}
         self.metrics.observe(samples=samples, running=running, energy_mj=energy_by_job)
         for uuid, sample in samples.items():
@@ -544,6 +723,18 @@ class Agent:
                 job.request_stop(reason=reason, grace_s=job.spec.grace_s)
                 return
 
+    def _enforce_disk(self, job: RunningJob) -> None:
+        """A job whose work dir grows past ``--job-disk-mb`` is stopped, and told why."""
+        limit = self.config.job_disk_mb << 20
+        if not limit or job.term_sent_at is not None or time.monotonic() < job.next_disk_check:
+            return
+        job.next_disk_check = time.monotonic() + self.config.disk_check_s
+        used = disk_usage_bytes(job.workdir, stop_at=limit)
+        if used > limit:
+            reason = f"disk use of its work dir passed the job's bound of {self.config.job_disk_mb} MiB"
+            log.warning("stopping job %s: %s", job.spec.job_id, reason)
+            job.request_stop(reason=reason, grace_s=job.spec.grace_s)
+
     def heartbeat(self, at_ms: int) -> None:
         if not self.link.connected:
             return
@@ -556,12 +747,23 @@ class Agent:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.umask(0o077)  # everything the agent writes (outbox, logs, env files) is its own
     config = parse_args(argv)
+    # The agent's secrets leave the environment before anything is forked: no child inherits them,
+    # and /proc/<agent>/environ no longer shows them (sandbox.secret_from_env).
+    for name in ("GPUSHARE_AGENT_TOKEN", "GPUSHARE_METRICS_TOKEN"):
+        secret_from_env(name)
     backend = backend_for(config)
     url, options = broker_options(config.broker_url, config.var_dir, node=config.node)
     link = BrokerLink(url=url, transport_options=options, node_name=config.node)
+    private_dir(config.state_dir.parent)
+    private_dir(config.state_dir)
     spool = Spool(config.state_dir / "state.sqlite3")
-    Agent(config, backend, link, spool, verifier=verifier_from_env(config.node, spool)).run()
+    try:
+        Agent(config, backend, link, spool, verifier=verifier_from_env(config.node, spool)).run()
+    except IsolationError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"gpushare-agent: {exc}") from exc
 
 
 def verifier_from_env(node: str, spool: Spool) -> CommandVerifier:

@@ -59,6 +59,8 @@ class MpsDaemons:
         if not self.holders.get(uuid):
             pipe.mkdir(parents=True, exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True)
+            for path in (self.base_dir, pipe.parent, pipe, logs):  # job uids (the clients) must reach the pipe
+                os.chmod(path, 0o755)
             result = subprocess.run(
                 [self.binary, "-d"], env=self._env(uuid), capture_output=True, timeout=30, check=False
             )

@@ -259,6 +259,10 @@ GPUSHARE = {
     "NODELINK_COMMAND_TTL_S": int(os.environ.get("GPUSHARE_NODELINK_COMMAND_TTL_S", "600")),
     "NODELINK_CLOCK_SKEW_MS": int(os.environ.get("GPUSHARE_NODELINK_CLOCK_SKEW_MS", "15000")),
     "NODELINK_AUTO_KEY": env_bool("GPUSHARE_NODELINK_AUTO_KEY", True),
+    # Registries image jobs may pull from (comma-separated, e.g. "nvcr.io,ghcr.io"); empty: any.
+    "ALLOWED_REGISTRIES": tuple(
+        r.strip().lower() for r in os.environ.get("GPUSHARE_ALLOWED_REGISTRIES", "").split(",") if r.strip()
+    ),
 }
 
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_local")

@@ -8,6 +8,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.agent.imageref import image_check
 from gpushare.serializers import StrictStrings, money_exact
 
 from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
@@ -20,6 +21,26 @@ MAX_COMMAND_ARGS = 1000
 MAX_ARG_LEN = 8192
 MAX_ENV = 200
 RESERVED_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "GPUSHARE_", "LD_")
+# Names that steer a runtime rather than the job's program (docs/operator-guide.md, "Security model"):
+# the dynamic loader and glibc, and the docker client. Refused with the reason, never silently dropped.
+STEERING_ENV = {
+    "LD_": "it steers the dynamic loader",
+    "DOCKER_": "it steers the docker client",
+    "GCONV_PATH": "it makes glibc load code from a path",
+    "GLIBC_TUNABLES": "it tunes glibc's loader and allocator",
+    "CUDA_": "the platform sets the CUDA device and MPS variables",
+    "NVIDIA_": "it steers the NVIDIA container runtime's device choice",
+    "GPUSHARE_": "the platform sets GPUSHARE_ variables",
+}
+
+
+def env_name_refusal(key: str) -> str:
+    """Why a job may not set ``key`` ("" when it may)."""
+    upper = key.upper()
+    for prefix, why in STEERING_ENV.items():
+        if upper == prefix or (prefix.endswith("_") and upper.startswith(prefix)):
+            return f"'{key}' cannot be set by a job: {why}"
+    return ""
 
 
 @extend_schema_field(
@@ -65,8 +86,9 @@ class EnvField(serializers.DictField):
         for key in env:
             if not key or not key.replace("_", "a").isalnum() or key[0].isdigit() or not key.isascii():
                 raise serializers.ValidationError(f"'{key}' is not a valid variable name (letters, digits, _)")
-            if key.upper().startswith(RESERVED_ENV_PREFIXES):
-                raise serializers.ValidationError(f"'{key}' is set by the platform and cannot be overridden")
+            refusal = env_name_refusal(key)
+            if refusal:
+                raise serializers.ValidationError(refusal)
         return env
 
 
@@ -120,6 +142,21 @@ class JobCreateSerializer(StrictStrings, serializers.Serializer):
     priority = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
     max_runtime_seconds = serializers.IntegerField(min_value=1, max_value=90 * 24 * 3600, required=False)
     array = ArrayField(required=False)
+
+    def validate_image(self, value: str) -> str:
+        problem = image_check(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("image"):
+            broken = sorted(k for k, v in attrs.get("env", {}).items() if "\n" in v or "\r" in v)
+            if broken:
+                raise serializers.ValidationError(
+                    {"env": f"an image job's variables cannot hold line breaks ({', '.join(broken)})"}
+                )
+        return attrs
 
     @staticmethod
     def spec(v: dict) -> JobSpec:

@@ -105,11 +105,19 @@ def launch_direct(agent, job_id: int, command: list[str], *, gpu_uuids=(), share
 
 
 def job_dir(agent, job_id: int, attempt: int = 1) -> Path:
-    return agent.var_dir / "agent" / agent.node / "jobs" / f"{job_id}-{attempt}"
+    """The attempt's work dir (``--work-root``, default ``<var-dir>/jobs/<node>``); removed when it ends."""
+    argv = agent.argv
+    root = Path(argv[argv.index("--work-root") + 1]) if "--work-root" in argv else agent.var_dir / "jobs" / agent.node
+    return root / f"{job_id}-{attempt}"
+
+
+def job_log(agent, job_id: int, attempt: int = 1) -> Path:
+    """The attempt's output as the agent captured it (0600, in the agent's own state dir)."""
+    return agent.var_dir / "agent" / agent.node / "logs" / f"{job_id}-{attempt}.log"
 
 
 def job_output(agent, job_id: int, attempt: int = 1) -> str:
-    path = job_dir(agent, job_id, attempt) / "output.log"
+    path = job_log(agent, job_id, attempt)
     return path.read_text(errors="replace") if path.exists() else ""
 
 

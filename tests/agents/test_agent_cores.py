@@ -101,10 +101,11 @@ def test_job_environment_is_allow_listed_and_pinning_wins(tmp_path):
 
 
 def test_docker_argv_pins_by_uuid_and_keeps_values_off_argv():
+    # The job's variables travel in a 0600 --env-file (tests/security/test_container_contract.py), never on argv.
     argv = docker_argv(
         spec(image="nvcr.io/nvidia/pytorch:24.05-py3"),
         docker="docker",
-        env={"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "HF_TOKEN": "hf_secret", "PATH": "/bin"},
+        env_file=Path("/var/lib/gpushare/agent/n/env/5-2.env"),
         workdir=Path("/var/lib/gpushare/jobs/5-2"),
         run_as=(1000, 1000),
     )
@@ -112,8 +113,7 @@ def test_docker_argv_pins_by_uuid_and_keeps_values_off_argv():
     assert argv[argv.index("--gpus") + 1] == '"device=GPU-a,GPU-b"'
     assert argv[argv.index("--user") + 1] == "1000:1000"
     assert argv[argv.index("--name") + 1] == "gpushare-job-5-2"
-    assert argv[argv.index("HF_TOKEN") - 1] == "-e"
-    assert not any("hf_secret" in a for a in argv)
-    assert argv[-3:] == ["nvcr.io/nvidia/pytorch:24.05-py3", "python", "train.py"]
-    no_gpu = docker_argv(spec(image="alpine", gpu_uuids=[]), docker="docker", env={}, workdir=Path("/w"))
+    assert argv[argv.index("--env-file") + 1] == "/var/lib/gpushare/agent/n/env/5-2.env"
+    assert argv[-4:] == ["--", "nvcr.io/nvidia/pytorch:24.05-py3", "python", "train.py"]
+    no_gpu = docker_argv(spec(image="alpine", gpu_uuids=[]), docker="docker", workdir=Path("/w"))
     assert "--gpus" not in no_gpu

@@ -12,7 +12,7 @@ from django_scopes import scopes_disabled
 from agents.models import Gpu, Node
 from billing.models import UsageWindow
 from scheduler.models import Job, JobState
-from tests.agents.conftest import GPU0, GPU1, wait_output
+from tests.agents.conftest import GPU0, GPU1, job_dir, wait_output
 from tests.factories import TenantFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def test_agent_on_nvml_registers_and_meters_a_job_from_driver_figures(platform, 
     fake_nvml.proc_add(index, pid, memory_mb=3000, sm_util=80)
     # ... and a stranger's process on the other GPU, which must not be billed to the job.
     fake_nvml.proc_add(1 - index, 999_999, memory_mb=9000, sm_util=100)
-    (agent.var_dir / "agent" / agent.node / "jobs" / f"{job_id}-1" / "go").touch()
+    (job_dir(agent, job_id) / "go").touch()
 
     # The process exits, but NVML still lists its pid: the GPU is not free, the job not over.
     wait_for(lambda: not _alive(pid), timeout=30, what="the job's process to exit")

@@ -8,7 +8,7 @@ import pytest
 from django_scopes import scopes_disabled
 
 from scheduler.models import Job
-from tests.agents.conftest import env_dump_command, launch_direct, parse_env_dump, wait_output
+from tests.agents.conftest import env_dump_command, job_dir, launch_direct, parse_env_dump, wait_output
 from tests.factories import TenantFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,7 +103,7 @@ def test_an_image_job_without_a_docker_engine_fails_with_a_clear_reason(agent_fa
         timeout=60,
         what="the agent to refuse the image job",
     )
-    assert not (agent.var_dir / "agent" / node / "jobs" / "7004-1").exists()
+    assert not job_dir(agent, 7004).exists()
 
 
 def test_run_as_drops_to_the_user_and_its_supplementary_groups(agent_factory, node):

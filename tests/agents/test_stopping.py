@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from agents.dispatch import node_send
-from tests.agents.conftest import job_dir, launch_direct, wait_output
+from tests.agents.conftest import job_log, launch_direct, wait_output
 from tests.factories import wait_for
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ def test_a_flooding_job_is_capped_and_the_log_says_so(agent_factory, node):
     flood = "import sys\nfor _ in range(6 * 1024): sys.stdout.write('x' * 1023 + '\\n')\nprint('done', flush=True)"
     launch_direct(agent, 8003, [sys.executable, "-c", flood])
     wait_for(lambda: "job 8003 attempt 1 ended" in agent.log(), timeout=60, what="the flood to end")
-    log_path = job_dir(agent, 8003) / "output.log"
+    log_path = job_log(agent, 8003)
     data = log_path.read_bytes()
     assert len(data) < (1 << 20) + 200  # 6 MiB written, 1 MiB kept
     assert b"log capped at 1048576 bytes" in data
