@@ -77,7 +77,8 @@ def test_make_run_prints_one_ready_line_and_no_periodic_noise(tmp_path):
         output = [line for _, line in lines]
         ready = [line for line in output if "gpushare is ready at" in line]
         assert len(ready) == 1, ready
-        assert ready[0].startswith(f"gpushare is ready at http://127.0.0.1:{port}/ , logins: operator@gpushare.local / ")
+        logins = "logins: operator@gpushare.local / "
+        assert ready[0].startswith(f"gpushare is ready at http://127.0.0.1:{port}/ , {logins}")
         assert "alice@acme.test" in ready[0] and "API token acme: gps_" in ready[0]
         after = [line for t, line in lines if t > ready_at + 1]
         noisy = [line for line in after if PERIODIC.search(line)]
