@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, Q, Sum, Value
 
-from accounts import quotas
 from accounts.models import Tenant
+from accounts.selectors import limits_for
 from agents.models import Gpu, GpuOutage
 from scheduler.models import MILLI_PER_GPU, Allocation, PriorityClass
 
@@ -71,7 +71,7 @@ def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
     Projection: what is spent, plus the last hour's spend rate for the rest of
     the month ("if what runs now keeps running"); a tenant with nothing running
     is projected at what it has spent. The limit and alert percent are the
-    accounts quota's (``accounts.quotas.limits_for``), which also sends the
+    accounts quota's (``accounts.selectors.limits_for``); admission sends the
     alert email and enforces the limit.
     """
     at_ms = _ms(at)
@@ -82,7 +82,7 @@ def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
         tenant=tenant, start_ms__gte=at_ms - rating.MS_PER_HOUR, start_ms__lt=at_ms
     ).aggregate(s=Sum("amount"))["s"] or Decimal(0)
     projected = spent + last_hour * (end - at_ms) / rating.MS_PER_HOUR
-    limits = quotas.limits_for(tenant)
+    limits = limits_for(tenant)
     limit, percent = limits.monthly_spend_limit, limits.budget_alert_percent
     alert = limit is not None and percent is not None and spent >= limit * Decimal(percent) / 100
     return SpendSummary(

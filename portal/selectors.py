@@ -10,8 +10,8 @@ from decimal import Decimal
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
-from accounts import quotas
 from accounts.models import ApiToken, AuditLog, Membership, Tenant
+from admission import selectors as quotas
 from agents.models import Gpu
 from billing.models import Invoice, UsageWindow
 from billing.selectors import EstimateError, invoices_for_tenant, job_estimate
@@ -85,7 +85,7 @@ class Spend:
 
 def month_spend(*, tenant: Tenant, at: datetime | None = None, status: quotas.BudgetStatus | None = None) -> Spend:
     """Spend so far this calendar month (UTC), a straight-line projection to its
-    end, and the budget with its alert state (from accounts.quotas)."""
+    end, and the budget with its alert state (from admission.selectors)."""
     at = at or timezone.now()
     start, end = month_start(at), month_end(at)
     status = status or quotas.budget_status(tenant, now=at)

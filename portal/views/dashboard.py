@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from accounts import quotas
+from admission import selectors as quotas
 
 from .. import selectors
 from ..templatetags.portal import counted

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import RunningJobsPolicy, TenantQuota
-from accounts.services import budgets_enforce
+from admission.services import budgets_enforce
 from billing.models import Charge, Invoice
 from billing.selectors import ledger_month, tenant_month_spend
 from billing.services.invoices import invoice_close

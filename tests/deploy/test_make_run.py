@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent.parent
 PERIODIC = re.compile(
     r"Sending due task|endpoints\.autoscale|scheduler\.pass|agents\.check_nodes|agents\.heartbeat|"
-    r"scheduler\.launches_resend|accounts\.budgets_enforce|No hostname was supplied"
+    r"scheduler\.launches_resend|admission\.budgets_enforce|No hostname was supplied"
 )
 QUIET_S = 30
 
@@ -77,7 +77,9 @@ def test_make_run_prints_one_ready_line_and_no_periodic_noise(tmp_path):
         output = [line for _, line in lines]
         ready = [line for line in output if "gpushare is ready at" in line]
         assert len(ready) == 1, ready
-        assert ready[0].startswith(f"gpushare is ready at http://127.0.0.1:{port}/ , logins: operator@gpushare.local / ")  # users sign in with an email
+        assert ready[0].startswith(
+            f"gpushare is ready at http://127.0.0.1:{port}/ , logins: operator@gpushare.local / "
+        )  # users sign in with an email
         assert "alice@acme.test" in ready[0] and "API token acme: gps_" in ready[0]
         after = [line for t, line in lines if t > ready_at + 1]
         noisy = [line for line in after if PERIODIC.search(line)]
