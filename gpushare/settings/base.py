@@ -163,7 +163,8 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "gpushare.schema.PublicAutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
-    "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
+    # Per token (GPUSHARE_API_RATE) and per tenant (its plan's api_requests_per_minute), both in Redis.
+    "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle", "gpushare.throttling.TenantRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [
         "gpushare.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
