@@ -306,3 +306,34 @@ def tenant_caps_for_scheduling(*, now: datetime | None = None) -> dict[int, Tena
                 blocked_reason=blocked,
             )
     return out
+
+
+@dataclass(frozen=True)
+class HoldPreview:
+    """What submitting a job would hold, and whether it fits (the portal's submit form)."""
+
+    amount: Decimal
+    limit: Decimal | None
+    held: Decimal
+    left: Decimal | None
+    fits: bool
+
+
+def hold_preview(
+    *, tenant: Tenant, mode: str, gpu_milli: int, gpu_model: str, max_runtime_s: int, multiplier: Decimal
+) -> HoldPreview:
+    prices = prices_now()
+    amount = job_hold(
+        prices, mode=mode, gpu_model=gpu_model, gpu_milli=gpu_milli, max_runtime_s=max_runtime_s, multiplier=multiplier
+    )
+    limits = limits_for(tenant)
+    budget = budget_now(tenant, limits, prices=prices)
+    if budget is None:
+        return HoldPreview(amount=amount, limit=None, held=Decimal(0), left=None, fits=True)
+    return HoldPreview(
+        amount=amount,
+        limit=budget.limit,
+        held=budget.held.quantize(Decimal("0.01")),
+        left=budget.left.quantize(Decimal("0.01")),
+        fits=budget.spent + budget.held + amount <= budget.limit,
+    )

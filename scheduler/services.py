@@ -335,17 +335,24 @@ def job_logs_rotate(*, job_id: int, limit: int | None) -> int:
 
     from accounts.limits import log_keep_from
 
+    from .selectors import ROTATED_MARK
+
     if limit is None:
         return 0
     chunks = JobLogChunk.objects.filter(job_id=job_id)
     total = chunks.aggregate(total=Sum(Length("data")))["total"] or 0
     if total <= limit:
         return 0
-    rows = list(chunks.order_by("offset").values_list("offset", Length("data")))
+    rows = list(chunks.filter(offset__gte=0).order_by("offset").values_list("offset", Length("data")))
     keep_from = log_keep_from(total=total, limit=limit, chunks=rows)
     if keep_from is None:
         return 0
-    dropped, _ = chunks.filter(offset__lt=keep_from).delete()
+    dropped, _ = chunks.filter(offset__gte=0, offset__lt=keep_from).delete()
+    # The mark tells readers that output before the oldest kept chunk is gone, not late (selectors).
+    tenant_id = JobLogChunk.objects.filter(job_id=job_id).values_list("tenant_id", flat=True).first()
+    JobLogChunk.objects.bulk_create(
+        [JobLogChunk(tenant_id=tenant_id, job_id=job_id, offset=ROTATED_MARK, data=b"")], ignore_conflicts=True
+    )
     return dropped
 
 

@@ -59,6 +59,7 @@ def dashboard(request):
             "held_gpus": sum(h.gpu_milli for h in held),
             "spend": spend,
             "quotas": selectors.quota_bars(tenant=tenant, held=held, status=status),
+            "limit_notes": selectors.limit_notes(status=status),
             "failures": failures,
             "alerts": _alerts(spend=spend, failures=failures, live=live),
             "counts": selectors.state_counts(tenant=tenant),

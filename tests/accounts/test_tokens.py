@@ -211,8 +211,8 @@ def test_token_create_validates_and_audits(tenant, other_tenant):
 
 
 def test_tenant_quota_and_suspend_commands(tenant):
-    from accounts.models import Plan
     from accounts.limits import PLAN_DEFAULTS
+    from accounts.models import Plan
     from accounts.selectors import limits_for
 
     Plan.objects.create(name="team", max_gpus_per_job=4, monthly_spend_limit="500.00")

@@ -62,9 +62,8 @@ def test_a_job_that_can_cost_more_than_is_left_is_refused_with_the_numbers(rules
 
 def test_the_api_answers_403_stating_the_hold_and_what_is_left(rules, tenant, api_client_for):
     quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("50.00"))
-    response = api_client_for(tenant).post(
-        "/api/v1/jobs/", {"kind": "training", "gpus": 8, "command": ["true"], "max_runtime_seconds": 86400}, format="json"
-    )
+    body = {"kind": "training", "gpus": 8, "command": ["true"], "max_runtime_seconds": 86400}
+    response = api_client_for(tenant).post("/api/v1/jobs/", body, format="json")
     error = assert_error(response, 403, "budget_exceeded")
     assert f"can cost up to ${hold_of(gpus=8, seconds=86400):,.2f}" in error["message"]
     assert "$50.00 of your $50.00 budget is left" in error["message"]

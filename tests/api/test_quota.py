@@ -20,7 +20,7 @@ def test_no_limits(rules, tenant, api_client_for):
     body = api_client_for(tenant).get("/api/v1/quota/").json()
     assert body["limits"]["max_dedicated_gpus"] is None
     assert body["headroom"]["dedicated_gpus"] is None
-    assert body["current"] == {"dedicated_gpus": 0, "shared_gpus": 0, "open_jobs": 0}
+    assert body["current"] == {"dedicated_gpus": 0, "shared_gpus": 0, "open_jobs": 0, "queued_jobs": 0, "endpoints": 0}
     assert body["month"]["exhausted"] is False
 
 
@@ -54,7 +54,13 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     body = api_client_for(tenant).get("/api/v1/quota/").json()
     assert body["limits"]["max_dedicated_gpus"] == 4
     assert body["limits"]["max_shared_gpus"] == 1
-    assert body["current"] == {"dedicated_gpus": 2, "shared_gpus": 0.25, "open_jobs": 3}
+    assert body["current"] == {
+        "dedicated_gpus": 2,
+        "shared_gpus": 0.25,
+        "open_jobs": 3,
+        "queued_jobs": 1,
+        "endpoints": 0,
+    }
     assert body["headroom"]["dedicated_gpus"] == 2
     assert body["headroom"]["shared_gpus"] == 0.75
     assert body["headroom"]["open_jobs"] == 2
