@@ -35,10 +35,11 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     )
     node = node_make(gpus=3)
     gpus = list(node.gpus.order_by("index"))
-    training = job_make(tenant, gpu_milli=2000)
-    serving = job_make(tenant, kind="inference", gpu_milli=250)
-    job_make(tenant)  # queued, holds nothing
-    finished = job_make(tenant)
+    # An hour's max runtime: each job's money hold fits the $100 budget.
+    training = job_make(tenant, gpu_milli=2000, max_runtime_s=3600)
+    serving = job_make(tenant, kind="inference", gpu_milli=250, max_runtime_s=3600)
+    job_make(tenant, max_runtime_s=3600)  # queued, holds no GPU (but holds money)
+    finished = job_make(tenant, max_runtime_s=3600)
     theirs = job_make(other_tenant, gpu_milli=1000)
     with scopes_disabled():
         Allocation.objects.bulk_create(
@@ -66,6 +67,9 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     assert body["headroom"]["open_jobs"] == 2
     assert body["headroom"]["spend"] == "100.00"
     assert body["month"]["spend"] == "0.00"
+    # Money held: the three unfinished jobs' max cost (the dearest model, an hour, their class multiplier).
+    held = Decimal(body["month"]["held"])
+    assert held > 0 and Decimal(body["month"]["budget_left"]) == Decimal("100.00") - held
 
 
 def test_quota_needs_a_token_with_usage_scope(rules, tenant, api_client_for, client):
