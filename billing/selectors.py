@@ -205,8 +205,16 @@ def invoices_for_tenant(*, tenant: Tenant):
     return Invoice.objects.filter(tenant=tenant).annotate(line_count=Count("lines")).order_by("-month", "-id")
 
 
-def invoice_with_lines(*, invoice_id: int) -> Invoice | None:
-    return Invoice.objects.select_related("tenant").prefetch_related("lines").filter(pk=invoice_id).first()
+def invoice_with_lines_for_operator(*, invoice_id: int) -> Invoice | None:
+    """Any tenant's invoice: the operator's console only (call inside ``scopes_disabled``)."""
+    return Invoice.objects.filter(pk=invoice_id).select_related("tenant").prefetch_related("lines").first()
+
+
+def invoice_with_lines(*, tenant: Tenant, invoice_id: int) -> Invoice | None:
+    """The tenant's invoice with its lines; None for a missing id and for another tenant's."""
+    return (
+        Invoice.objects.filter(tenant=tenant, pk=invoice_id).select_related("tenant").prefetch_related("lines").first()
+    )
 
 
 @dataclass(frozen=True)
@@ -253,7 +261,7 @@ INVOICE_CSV_COLUMNS = (
 def invoice_job_rows(*, invoice: Invoice):
     """Per job × line key: what the job held and was charged on this invoice (exact amounts)."""
     rows = (
-        Charge.objects.filter(batch__invoice=invoice)
+        Charge.objects.filter(tenant_id=invoice.tenant_id, batch__invoice=invoice)
         .values("job_id", "job__name", "gpu_model", "mode", "priority_class", "rate_per_gpu_hour")
         .annotate(
             first=Min("start_ms"),
