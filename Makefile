@@ -32,6 +32,7 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/python scripts/services_check.py
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py check
 	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py makemigrations --check --dry-run
 	DJANGO_SETTINGS_MODULE=gpushare.settings.test $(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null

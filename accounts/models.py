@@ -92,8 +92,9 @@ class RunningJobsPolicy(models.TextChoices):
 
 
 class Limits(models.Model):
-    """The limit fields a Plan sets and a TenantQuota may override. Null means: no limit (on a
-    Plan) or: use the plan's value (on a TenantQuota)."""
+    """The limit fields a Plan sets and a TenantQuota may override. Null means: use the plan's
+    value (on a TenantQuota), then the ``default`` plan's, then the built-in default
+    (``accounts.limits.PLAN_DEFAULTS``; none for the GPU and money limits: no limit)."""
 
     max_dedicated_gpus = models.PositiveIntegerField(null=True, blank=True, help_text="whole GPUs held at once")
     max_shared_milli = models.PositiveIntegerField(
@@ -103,6 +104,16 @@ class Limits(models.Model):
     max_open_jobs = models.PositiveIntegerField(
         null=True, blank=True, help_text="jobs submitted and not finished (queued, placed or running)"
     )
+    max_queued_jobs = models.PositiveIntegerField(null=True, blank=True, help_text="jobs waiting in the queue")
+    max_endpoints = models.PositiveIntegerField(null=True, blank=True, help_text="endpoints not deleted")
+    max_replicas_per_endpoint = models.PositiveIntegerField(null=True, blank=True)
+    max_log_bytes_per_job = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="log output kept per job; older output is rotated off"
+    )
+    api_requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="API requests per minute for the whole tenant (all tokens and processes)"
+    )
+    max_disk_mb_per_job = models.PositiveIntegerField(null=True, blank=True, help_text="scratch disk per job")
     gpu_hours_per_month = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
     monthly_spend_limit = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     budget_alert_percent = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -164,7 +175,7 @@ class Invitation(models.Model):
 
 class TenantMonthUsage(models.Model):
     """A tenant's running totals of billing.UsageWindow rows starting in ``month``, for the windows
-    with id <= ``through_window_id`` (the rest is summed live; see accounts.quotas.month_usages)."""
+    with id <= ``through_window_id`` (the rest is summed live; see admission.selectors.month_usages)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     month = models.DateField(help_text="First day of the month (UTC).")

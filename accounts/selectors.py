@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from django.db import connection
 from django.db.models import QuerySet
 from django_scopes import scopes_disabled
 
-from .models import ApiToken, AuditLog, Invitation, Membership, Tenant
+from .limits import LIMIT_NAMES, Limits, limits_merge
+from .models import ApiToken, AuditLog, Invitation, Membership, Plan, Tenant, TenantQuota
 from .permissions import role_allows, role_for
+
+DEFAULT_PLAN = "default"
 
 
 def audit_log_for(*, tenant: Tenant, viewer) -> QuerySet[AuditLog]:
@@ -46,3 +52,49 @@ def tenants_of(*, user) -> QuerySet[Tenant]:
     """The tenants ``user`` is a member of."""
     with scopes_disabled():
         return Tenant.objects.filter(memberships__user=user).order_by("slug")
+
+
+# --- limits (the rows; the arithmetic is accounts.limits, the checks admission/) ---------------------
+
+
+def _layer(values: dict | None):
+    return None if values is None else SimpleNamespace(**values)
+
+
+@scopes_disabled()
+def limits_for(tenant: Tenant) -> Limits:
+    """The tenant's quota over its plan over the ``default`` plan over the built-in defaults, in one query."""
+    names = list(LIMIT_NAMES)
+    layers = ("q", "p", "d")
+    columns = (
+        ", ".join(f"{alias}.id" for alias in layers)
+        + ", "
+        + ", ".join(f"{alias}.{name}" for alias in layers for name in names)
+    )
+    quota_table, plan_table = TenantQuota._meta.db_table, Plan._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT {columns} FROM (SELECT 1 AS one) one
+                LEFT JOIN {quota_table} q ON q.tenant_id = %s
+                LEFT JOIN {plan_table} p ON p.id = q.plan_id
+                LEFT JOIN {plan_table} d ON d.name = %s""",
+            [tenant.pk, DEFAULT_PLAN],
+        )
+        row = cursor.fetchone()
+    found = []
+    for i in range(len(layers)):
+        values = row[len(layers) + i * len(names) : len(layers) + (i + 1) * len(names)]
+        found.append(dict(zip(names, values, strict=True)) if row[i] is not None else None)
+    return limits_merge(*(_layer(layer) for layer in found))
+
+
+@scopes_disabled()
+def limits_all() -> dict[int, tuple[str, Limits]]:
+    """Every tenant's (state, limits) by id: the platform-wide read of the scheduler and the budget beat."""
+    quotas = {q.tenant_id: q for q in TenantQuota.objects.select_related("plan")}
+    default = Plan.objects.filter(name=DEFAULT_PLAN).first()
+    out = {}
+    for tenant_id, state in Tenant.objects.values_list("pk", "state"):
+        quota = quotas.get(tenant_id)
+        out[tenant_id] = (state, limits_merge(quota, quota.plan if quota else None, default))
+    return out

@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     from django_scopes import scopes_disabled
     from pyinstrument import Profiler
 
-    from accounts.management.commands.seed_demo import prices_ensure, priority_classes_ensure
     from accounts.models import Membership, Tenant
     from accounts.services import ALL_SCOPES, tenant_create, token_create
     from agents.models import Gpu, Node
+    from console.management.commands.seed_demo import prices_ensure, priority_classes_ensure
 
     from .fixtures import finished_jobs_create
 

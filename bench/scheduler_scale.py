@@ -170,7 +170,7 @@ def _child_setup() -> None:
     from django.core.management import call_command
 
     call_command("migrate", "--noinput", verbosity=0)
-    from accounts.management.commands.seed_demo import priority_classes_ensure
+    from console.management.commands.seed_demo import priority_classes_ensure
 
     priority_classes_ensure()
 

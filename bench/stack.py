@@ -194,9 +194,9 @@ class Stack:
     def seed(self) -> None:
         from django_scopes import scopes_disabled
 
-        from accounts.management.commands.seed_demo import prices_ensure, priority_classes_ensure
         from accounts.services import ALL_SCOPES, tenant_create, token_create
         from agents.services import node_credential_issue
+        from console.management.commands.seed_demo import prices_ensure, priority_classes_ensure
 
         with scopes_disabled():
             priority_classes_ensure()

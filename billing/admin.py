@@ -44,7 +44,21 @@ class InvoiceAdmin(UnscopedReadOnlyAdmin):
 
     @admin.display(description="view")
     def printable(self, invoice):
-        return format_html('<a href="{}">print</a>', reverse("billing:invoice-detail", args=[invoice.pk]))
+        return format_html('<a href="{}">print</a>', reverse("admin:billing_invoice_print", args=[invoice.pk]))
+
+    def get_urls(self):
+        from django.urls import path
+
+        from .views import invoice_print_operator
+
+        own = [
+            path(
+                "<int:invoice_id>/print/",
+                self.admin_site.admin_view(invoice_print_operator),
+                name="billing_invoice_print",
+            )
+        ]
+        return own + super().get_urls()
 
     @admin.action(description="Send draft invoices to Stripe and collect")
     def send(self, request, queryset):

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, Q, Sum, Value
 
-from accounts import quotas
 from accounts.models import Tenant
+from accounts.selectors import limits_for
 from agents.models import Gpu, GpuOutage
 from scheduler.models import MILLI_PER_GPU, Allocation, PriorityClass
 
@@ -71,7 +71,7 @@ def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
     Projection: what is spent, plus the last hour's spend rate for the rest of
     the month ("if what runs now keeps running"); a tenant with nothing running
     is projected at what it has spent. The limit and alert percent are the
-    accounts quota's (``accounts.quotas.limits_for``), which also sends the
+    accounts quota's (``accounts.selectors.limits_for``); admission sends the
     alert email and enforces the limit.
     """
     at_ms = _ms(at)
@@ -82,7 +82,7 @@ def spend_summary(*, tenant: Tenant, at: datetime) -> SpendSummary:
         tenant=tenant, start_ms__gte=at_ms - rating.MS_PER_HOUR, start_ms__lt=at_ms
     ).aggregate(s=Sum("amount"))["s"] or Decimal(0)
     projected = spent + last_hour * (end - at_ms) / rating.MS_PER_HOUR
-    limits = quotas.limits_for(tenant)
+    limits = limits_for(tenant)
     limit, percent = limits.monthly_spend_limit, limits.budget_alert_percent
     alert = limit is not None and percent is not None and spent >= limit * Decimal(percent) / 100
     return SpendSummary(
@@ -205,8 +205,16 @@ def invoices_for_tenant(*, tenant: Tenant):
     return Invoice.objects.filter(tenant=tenant).annotate(line_count=Count("lines")).order_by("-month", "-id")
 
 
-def invoice_with_lines(*, invoice_id: int) -> Invoice | None:
-    return Invoice.objects.select_related("tenant").prefetch_related("lines").filter(pk=invoice_id).first()
+def invoice_with_lines_for_operator(*, invoice_id: int) -> Invoice | None:
+    """Any tenant's invoice: the operator's console only (call inside ``scopes_disabled``)."""
+    return Invoice.objects.filter(pk=invoice_id).select_related("tenant").prefetch_related("lines").first()
+
+
+def invoice_with_lines(*, tenant: Tenant, invoice_id: int) -> Invoice | None:
+    """The tenant's invoice with its lines; None for a missing id and for another tenant's."""
+    return (
+        Invoice.objects.filter(tenant=tenant, pk=invoice_id).select_related("tenant").prefetch_related("lines").first()
+    )
 
 
 @dataclass(frozen=True)
@@ -253,7 +261,7 @@ INVOICE_CSV_COLUMNS = (
 def invoice_job_rows(*, invoice: Invoice):
     """Per job × line key: what the job held and was charged on this invoice (exact amounts)."""
     rows = (
-        Charge.objects.filter(batch__invoice=invoice)
+        Charge.objects.filter(tenant_id=invoice.tenant_id, batch__invoice=invoice)
         .values("job_id", "job__name", "gpu_model", "mode", "priority_class", "rate_per_gpu_hour")
         .annotate(
             first=Min("start_ms"),

@@ -6,6 +6,8 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.tenant_tasks import TenantTask
+
 from . import gateway, rating
 from .selectors import month_parse
 from .services import invoices, payments
@@ -26,7 +28,14 @@ def close_month_task(*, month: str = "") -> int:
     return len(closed)
 
 
-@shared_task(name="billing.invoice_send", bind=True, ignore_result=True, max_retries=8)
+@shared_task(
+    name="billing.invoice_send",
+    base=TenantTask,
+    tenant_from=("billing.Invoice", "invoice_id"),
+    bind=True,
+    ignore_result=True,
+    max_retries=8,
+)
 def invoice_send_task(self, *, invoice_id: int) -> None:
     """Send and collect; Stripe being unreachable is retried with backoff (idempotency keys make it safe)."""
     try:

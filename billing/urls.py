@@ -5,7 +5,7 @@ from . import views
 app_name = "billing"
 urlpatterns = [
     path("stripe/webhook/", views.stripe_webhook, name="stripe-webhook"),
-    path("invoices/<int:invoice_id>/", views.invoice_detail, name="invoice-detail"),
-    path("invoices/<int:invoice_id>/jobs.csv", views.invoice_csv, name="invoice-csv"),
+    # The tenant's invoice pages (/billing/invoices/<id>/, .../jobs.csv) are portal pages: portal/views/invoices.py.
+    # The operator's printable invoice is in the admin: /admin/billing/invoice/<id>/print/ (billing/admin.py).
     path("ledger/", views.ledger_report, name="ledger"),
 ]

@@ -1,4 +1,9 @@
-"""Billing pages: the Stripe webhook, the printable invoice and its per-job CSV."""
+"""Billing pages: the Stripe webhook and the operator's ledger report.
+
+The printable invoice and its CSV are portal pages (portal/views/invoices.py, through the portal's
+tenant decorator); ``invoice_csv_response`` writes the CSV for them and for the API, inside the
+caller's tenant scope.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,12 @@ import logging
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from django_scopes import scopes_disabled
-
-from accounts.permissions import role_allows, role_for
 
 from . import gateway, selectors
 from .services.payments import PaymentMismatch, stripe_event_apply
@@ -43,39 +45,25 @@ def stripe_webhook(request):
     return HttpResponse("ok" if applied else "replay ignored", content_type="text/plain")
 
 
-def _invoice_for_user(user, invoice_id: int):
-    """The invoice if ``user`` is staff or may read its tenant's billing; 404 otherwise (as if missing)."""
-    with scopes_disabled():
-        invoice = selectors.invoice_with_lines(invoice_id=invoice_id)
-        if invoice is None:
-            raise Http404("no such invoice")
-        if not user.is_staff and not role_allows(role_for(user=user, tenant=invoice.tenant), "billing.read"):
-            raise Http404("no such invoice")
-        return invoice
-
-
-@login_required
-def invoice_detail(request, invoice_id: int):
-    invoice = _invoice_for_user(request.user, invoice_id)
-    with scopes_disabled():
-        lines = selectors.invoice_lines_display(invoice=invoice)
-    return render(request, "billing/invoice_detail.html", {"invoice": invoice, "lines": lines})
-
-
 def invoice_csv_response(invoice) -> HttpResponse:
     response = HttpResponse(content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="invoice-{invoice.pk}-{invoice.month:%Y-%m}-jobs.csv"'
     writer = csv.writer(response)
     writer.writerow(selectors.INVOICE_CSV_COLUMNS)
-    with scopes_disabled():
-        for row in selectors.invoice_job_rows(invoice=invoice):
-            writer.writerow(row)
+    for row in selectors.invoice_job_rows(invoice=invoice):  # inside the caller's tenant scope
+        writer.writerow(row)
     return response
 
 
-@login_required
-def invoice_csv(request, invoice_id: int):
-    return invoice_csv_response(_invoice_for_user(request.user, invoice_id))
+def invoice_print_operator(request, invoice_id: int):
+    """The printable invoice for the operator (the admin's "print" link, behind ``admin_view``: staff
+    only); tenants use the portal's page."""
+    with scopes_disabled():  # the operator reads every tenant's invoices
+        invoice = selectors.invoice_with_lines_for_operator(invoice_id=invoice_id)
+        if invoice is None:
+            raise Http404("no such invoice")
+        lines = selectors.invoice_lines_display(invoice=invoice)
+        return render(request, "billing/invoice_detail.html", {"invoice": invoice, "lines": lines, "operator": True})
 
 
 @staff_member_required
@@ -86,6 +74,6 @@ def ledger_report(request):
         month = selectors.month_parse(raw)
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain")
-    with scopes_disabled():
+    with scopes_disabled():  # the operator's report: every tenant's usage on every GPU
         report = selectors.ledger_month(month=month, until=timezone.now())
     return render(request, "billing/ledger.html", {"report": report, "month": month})

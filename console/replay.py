@@ -123,10 +123,10 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
 
 @scopes_disabled()
 def limits_now() -> dict[str, placement.Limits]:
-    """Tenants' concurrent caps as they are now (accounts.quotas: the tenant's quota over its plan), by slug.
+    """Tenants' concurrent caps as they are now (accounts.selectors.limits_for: quota over plan), by slug.
     A suspension or an exhausted budget is not replayed: it depends on that time, not on the rules."""
     from accounts.models import Tenant
-    from accounts.quotas import limits_for
+    from accounts.selectors import limits_for
 
     out = {}
     for tenant in Tenant.objects.all():

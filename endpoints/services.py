@@ -21,6 +21,7 @@ from scheduler import services as scheduler_services
 from scheduler.models import TERMINAL_STATES, JobKind, JobState
 from webhooks import emit as webhook_emit
 
+from .admission import endpoint_admit
 from .autoscale import Load, desired_replicas
 from .models import Endpoint, EndpointLoad, EndpointMinute, Replica, ScalingEvent
 
@@ -70,10 +71,15 @@ def _validate(values: dict) -> None:
         scheduler_services.priority_for(kind=JobKind.INFERENCE, name=values["priority"])
 
 
+def _admission_values(values: dict) -> dict:
+    return {k: values[k] for k in ("gpu_milli", "gpu_model", "priority", "max_replicas")}
+
+
 @transaction.atomic
 def endpoint_create(*, tenant: Tenant, user, spec: EndpointSpec) -> Endpoint:
     values = {k: getattr(spec, k) for k in EndpointSpec.__dataclass_fields__}
     _validate(values)
+    endpoint_admit(tenant=tenant, endpoint_id=None, **_admission_values(values))
     with scopes_disabled():
         if Endpoint.objects.filter(tenant=tenant, name=spec.name, state=Endpoint.State.ACTIVE).exists():
             raise EndpointError(f"an endpoint named {spec.name!r} already exists", code="conflict", field="name")
@@ -102,6 +108,7 @@ def endpoint_update(*, endpoint: Endpoint, user, changes: dict) -> Endpoint:
         values = {**before, **changes}
         values.pop("version")
         _validate(values)
+        endpoint_admit(tenant=endpoint.tenant, endpoint_id=endpoint.pk, **_admission_values(values))
         for key, value in changes.items():
             setattr(endpoint, key, value)
         if any(before[f] != getattr(endpoint, f) for f in RUNTIME_FIELDS):
@@ -156,6 +163,7 @@ def _replica_start(endpoint: Endpoint) -> Replica:
         gpu_model=endpoint.gpu_model,
         priority=endpoint.priority or "serving",
         max_runtime_s=REPLICA_MAX_RUNTIME_S,
+        endpoint_id=endpoint.pk,
     )
     job = scheduler_services.job_submit(tenant=endpoint.tenant, user=endpoint.created_by, spec=spec)
     with transaction.atomic():  # a savepoint: a port taken concurrently fails only this insert

@@ -3,7 +3,7 @@ the error answers in the OpenAPI schema, and Django-level errors on /api/ paths.
 
 Errors always look like ``{"error": {"code": ..., "message": ..., "fields": {...}}}``
 with a stable ``code`` (ERROR_CODES): invalid, not_found, method_not_allowed,
-not_acceptable, unsupported_media_type, quota_exceeded, budget_exhausted,
+not_acceptable, unsupported_media_type, quota_exceeded, budget_exhausted, budget_exceeded,
 unauthenticated, forbidden, conflict, rate_limited, too_large, server_error.
 docs/api.md has the table of codes and HTTP statuses.
 """
@@ -28,7 +28,13 @@ from accounts.authentication import TokenPrincipal
 from .throttling import rate_text
 
 # HTTP status of a refusal from a service (JobError, EndpointError, ...) by its code.
-SERVICE_STATUS = {"forbidden": 403, "conflict": 409, "quota_exceeded": 403, "budget_exhausted": 403}
+SERVICE_STATUS = {
+    "forbidden": 403,
+    "conflict": 409,
+    "quota_exceeded": 403,
+    "budget_exhausted": 403,
+    "budget_exceeded": 403,  # the new work's money hold does not fit in what is left (admission)
+}
 
 
 class ApiError(exceptions.APIException):
@@ -58,6 +64,7 @@ ERROR_CODES = (
     "unsupported_media_type",
     "quota_exceeded",
     "budget_exhausted",
+    "budget_exceeded",
     "unauthenticated",
     "forbidden",
     "conflict",
@@ -117,7 +124,15 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.NotAuthenticated):
         message = "Authentication required: send 'Authorization: Bearer <token>'."
     elif isinstance(exc, exceptions.Throttled):
-        message = f"Too many requests for this token ({rate_text()}); retry in {exc.wait or 1:.0f} s."
+        request = context.get("request")
+        tenant_limit = getattr(getattr(request, "_request", request), "throttled_by_tenant", None)
+        if tenant_limit:  # gpushare.throttling.TenantRateThrottle: the whole tenant's allowance
+            message = (
+                f"Too many requests for this tenant (limit api_requests_per_minute={tenant_limit}, "
+                f"all its tokens and sessions together); retry in {exc.wait or 1:.0f} s."
+            )
+        else:
+            message = f"Too many requests for this token ({rate_text()}); retry in {exc.wait or 1:.0f} s."
     body = {"error": {"code": code, "message": _safe(message), "fields": _safe(fields)}}
     response.data = body
     return response

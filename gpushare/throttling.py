@@ -1,4 +1,9 @@
-"""Rate limiting per API token (429 with Retry-After; see gpushare/api.py for the error shape).
+"""Rate limiting per API token and per tenant (429 with Retry-After; see gpushare/api.py for the error shape).
+
+Two throttles, both counted in Redis (the default cache) so every web process shares them:
+``TokenRateThrottle`` (each token, the platform's ``GPUSHARE_API_RATE``) and
+``TenantRateThrottle`` (the whole tenant, its plan's ``api_requests_per_minute``: minting more
+tokens or running more web processes does not raise it).
 
 Kept apart from gpushare/api.py because DRF imports throttle classes while
 ``rest_framework.views`` itself is being imported.
@@ -108,3 +113,51 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         if seconds is None:
             seconds = super().wait() or 1
         return max(1, int(-(-seconds // 1)))
+
+
+LIMIT_CACHE_S = 30  # a changed api_requests_per_minute applies within this long
+
+
+def tenant_rate_limit(tenant_id: int) -> int | None:
+    """The tenant's ``api_requests_per_minute`` (its quota, plan, the default plan, the built-in default),
+    read through the cache so a request costs no query."""
+    from django.core.cache import cache
+
+    from accounts.models import Tenant
+    from accounts.selectors import limits_for
+
+    key = f"limits:api_rate:{tenant_id}"
+    found = cache.get(key)
+    if found is None:
+        limit = limits_for(Tenant(pk=tenant_id)).api_requests_per_minute
+        found = -1 if limit is None else limit
+        cache.set(key, found, LIMIT_CACHE_S)
+    return None if found < 0 else found
+
+
+class TenantRateThrottle(TokenRateThrottle):
+    """API requests per tenant per minute, across all its tokens and every web process (GCRA in Redis).
+
+    Only requests made with a tenant token are counted here (a browser session has no tenant principal;
+    the per-user throttle above covers it).
+    """
+
+    scope = "tenant"
+
+    def allow_request(self, request, view):
+        principal = request.auth
+        self._tenant_id = principal.tenant.pk if isinstance(principal, TokenPrincipal) else None
+        if self._tenant_id is None:
+            return True
+        self._limit = tenant_rate_limit(self._tenant_id)
+        allowed = super().allow_request(request, view)
+        if not allowed:
+            request._request.throttled_by_tenant = self._limit
+        return allowed
+
+    def get_rate(self):
+        limit = getattr(self, "_limit", None)
+        return None if limit is None else f"{limit}/min"
+
+    def get_cache_key(self, request, view):
+        return f"throttle:tenant:{self._tenant_id}"

@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("agents.api.urls")),
     path("api/v1/", include("endpoints.api.urls")),
+    path("api/v1/", include("admission.urls")),
     path("billing/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", docs_csp(SpectacularRedocView.as_view(url_name="schema")), name="api-docs"),

@@ -10,8 +10,8 @@ from decimal import Decimal
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
-from accounts import quotas
 from accounts.models import ApiToken, AuditLog, Membership, Tenant
+from admission import selectors as quotas
 from agents.models import Gpu
 from billing.models import Invoice, UsageWindow
 from billing.selectors import EstimateError, invoices_for_tenant, job_estimate
@@ -85,7 +85,7 @@ class Spend:
 
 def month_spend(*, tenant: Tenant, at: datetime | None = None, status: quotas.BudgetStatus | None = None) -> Spend:
     """Spend so far this calendar month (UTC), a straight-line projection to its
-    end, and the budget with its alert state (from accounts.quotas)."""
+    end, and the budget with its alert state (from admission.selectors)."""
     at = at or timezone.now()
     start, end = month_start(at), month_end(at)
     status = status or quotas.budget_status(tenant, now=at)
@@ -125,10 +125,32 @@ def quota_bars(*, tenant: Tenant, held: list[HeldGpus], status: quotas.BudgetSta
     dedicated = Decimal(sum(h.gpu_milli for h in held if h.mode == JobMode.DEDICATED) // MILLI_PER_GPU)
     shared = Decimal(sum(h.gpu_milli for h in held if h.mode == JobMode.SHARED)) / MILLI_PER_GPU
     max_shared = Decimal(limits.max_shared_milli) / MILLI_PER_GPU if limits.max_shared_milli else None
-    return [
+    open_jobs, queued_jobs = quotas.job_counts(tenant)
+    bars = [
         QuotaBar("Dedicated GPUs now", dedicated, _decimal(limits.max_dedicated_gpus), "GPUs"),
         QuotaBar("Shared slices now", shared, max_shared, "GPUs"),
         QuotaBar("GPU-hours this month", status.gpu_hours_used, _decimal(limits.gpu_hours_per_month), "h"),
+        QuotaBar("Open jobs", Decimal(open_jobs), _decimal(limits.max_open_jobs), "jobs"),
+        QuotaBar("Queued jobs", Decimal(queued_jobs), _decimal(limits.max_queued_jobs), "jobs"),
+        QuotaBar("Endpoints", Decimal(quotas.endpoint_count(tenant)), _decimal(limits.max_endpoints), "endpoints"),
+    ]
+    if limits.monthly_spend_limit is not None:
+        bars.append(QuotaBar("Money held + spent", status.held + status.usage.spend, limits.monthly_spend_limit, "$"))
+    return bars
+
+
+def limit_notes(*, status: quotas.BudgetStatus) -> list[tuple[str, str]]:
+    """The per-job and per-request limits of the tenant's plan, as (name, value) lines for the quota card."""
+    limits = status.limits
+
+    def value(v, unit: str = "", scale: int = 1) -> str:
+        return "no limit" if v is None else f"{v // scale:,}{unit}"
+
+    return [
+        ("Replicas per endpoint", value(limits.max_replicas_per_endpoint)),
+        ("Log kept per job (older output rotated off)", value(limits.max_log_bytes_per_job, " MiB", 1 << 20)),
+        ("Scratch disk per job", value(limits.max_disk_mb_per_job, " GiB", 1024)),
+        ("API requests per minute (whole tenant)", value(limits.api_requests_per_minute)),
     ]
 
 

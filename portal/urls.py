@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from .views import common, dashboard, endpoints, jobs, team, usage, webhooks
+from .views import common, dashboard, endpoints, invoices, jobs, team, usage, webhooks
 
 app_name = "portal"
 
@@ -36,6 +36,8 @@ urlpatterns = [
     ),
     path("webhooks/<int:pk>/deliveries/<int:delivery_pk>/resend/", webhooks.delivery_resend, name="delivery_resend"),
     path("usage/", usage.usage, name="usage"),
+    path("billing/invoices/<int:invoice_id>/", invoices.invoice_detail, name="invoice"),
+    path("billing/invoices/<int:invoice_id>/jobs.csv", invoices.invoice_csv, name="invoice_csv"),
     path("usage/payment-method/", usage.payment_method, name="payment_method"),
     path("team/", team.team, name="team"),
     path("team/tokens/", team.token_create, name="token_create"),

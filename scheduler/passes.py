@@ -253,18 +253,16 @@ def _usage_update(running: list[placement.Running], tenant_ids: set[int], conf, 
 
 
 def _tenant_limits() -> dict[str, placement.Limits]:
-    """Per-tenant caps from the accounts app, as plain data (none if it has no such function)."""
-    try:
-        from accounts.quotas import tenant_limits_for_scheduling
-    except ImportError:
-        return {}
+    """Per-tenant caps from the admission layer (its port raises if nothing provides it), as plain data."""
+    from .admission import tenant_caps
+
     return {
         str(tenant_id): placement.Limits(
-            dedicated_gpus=getattr(limits, "max_dedicated_gpus", None),
-            shared_milli=getattr(limits, "max_shared_milli", None),
-            blocked_reason=getattr(limits, "blocked_reason", "") or "",
+            dedicated_gpus=caps.max_dedicated_gpus,
+            shared_milli=caps.max_shared_milli,
+            blocked_reason=caps.blocked_reason,
         )
-        for tenant_id, limits in tenant_limits_for_scheduling().items()
+        for tenant_id, caps in tenant_caps().items()
     }
 
 

@@ -47,11 +47,21 @@ def job_log_read(job: Job, *, offset: int, limit: int = 1 << 20) -> tuple[bytes,
     return _chunks_join(chunks.values_list("offset", "data").iterator(), offset=offset, limit=limit)
 
 
+ROTATED_MARK = -1  # a chunk at this offset: the output before the first stored chunk was rotated off
+
+
 def _chunks_join(chunks, *, offset: int, limit: int) -> tuple[bytes, int]:
     out = bytearray()
     next_offset = offset
+    rotated = False
     for chunk_offset, data in chunks:
         data = bytes(data)
+        if chunk_offset == ROTATED_MARK:
+            rotated = True  # the log was kept to its limit (scheduler.services.job_logs_rotate)
+            continue
+        if rotated and not out and chunk_offset > next_offset:
+            next_offset = chunk_offset  # that output was rotated off: go on from the oldest kept
+        rotated = False
         if chunk_offset > next_offset:
             break  # a gap: wait for the missing chunk
         start = next_offset - chunk_offset

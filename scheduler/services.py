@@ -17,11 +17,11 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
-from accounts.quotas import submission_check
 from agents.agent.imageref import image_check
 from agents.models import Node
 from webhooks import emit as webhook_emit
 
+from . import admission
 from .models import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
@@ -72,6 +72,7 @@ class JobSpec:
     gpu_memory_mb: int | None = None
     priority: str = ""
     max_runtime_s: int | None = None
+    endpoint_id: int | None = None  # a replica of this endpoint (its endpoint's money hold covers it)
 
 
 def priority_for(*, kind: str, name: str = "") -> PriorityClass:
@@ -130,28 +131,26 @@ def schedule_soon() -> None:
     transaction.on_commit(pass_request)
 
 
-def admission_check(*, tenant: Tenant, mode: str, gpu_milli: int, count: int = 1) -> None:
-    """Limits and holds for ``count`` jobs of this size, as a whole, inside the caller's transaction.
+def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1) -> None:
+    """Limits and money holds for ``count`` jobs of this shape, as a whole, inside the caller's transaction.
 
-    The one call to repoint (one line) at the admission layer of issue #18 once its call takes a
-    count; until then the existing checks: ``submission_check`` (state, sizes, budget; the tenant
-    row held FOR SHARE and, with ``max_open_jobs``, the per-tenant lock), then room for ``count``
-    more open jobs.
+    The admission layer (``admission/``, above the scheduler) answers through the port it provides at
+    start-up; it locks the tenant's admissions until commit, so concurrent submits cannot pass a limit
+    or a budget together. Without a provider this raises (``ImproperlyConfigured``): never "no limits".
     """
-    submission_check(tenant=tenant, mode=mode, gpu_milli=gpu_milli)
-    if count > 1:
-        from accounts.quotas import QUOTA_EXCEEDED, limits_for
-
-        limit = limits_for(tenant).max_open_jobs
-        if limit is not None:
-            with scopes_disabled():
-                open_jobs = Job.objects.filter(tenant_id=tenant.pk).exclude(state__in=TERMINAL_STATES).count()
-            if open_jobs + count > limit:
-                raise JobError(
-                    f"the array has {count} tasks and the tenant already has {open_jobs} unfinished jobs; "
-                    f"the limit max_open_jobs is {limit}",
-                    code=QUOTA_EXCEEDED,
-                )
+    admission.job_admit(
+        tenant=tenant,
+        ask=admission.JobAsk(
+            kind=spec.kind,
+            mode=mode,
+            gpu_milli=spec.gpu_milli,
+            max_runtime_s=spec.max_runtime_s or priority.default_max_runtime_s,
+            price_multiplier=priority.price_multiplier,
+            gpu_model=spec.gpu_model,
+            count=count,
+            endpoint_id=spec.endpoint_id,
+        ),
+    )
 
 
 def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, PriorityClass]:
@@ -165,8 +164,9 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, 
     mode = job_mode_for(kind=spec.kind, gpu_milli=spec.gpu_milli)
     if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
         raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")
-    admission_check(tenant=tenant, mode=mode, gpu_milli=spec.gpu_milli, count=count)
-    return mode, priority_for(kind=spec.kind, name=spec.priority)
+    priority = priority_for(kind=spec.kind, name=spec.priority)
+    admission_check(tenant=tenant, spec=spec, mode=mode, priority=priority, count=count)
+    return mode, priority
 
 
 @transaction.atomic
@@ -326,6 +326,39 @@ def job_logs_append(*, node: Node, job_id: int, offset: int, data: bytes) -> Non
     JobLogChunk.objects.bulk_create(
         [JobLogChunk(tenant_id=job.tenant_id, job_id=job.pk, offset=offset, data=data)], ignore_conflicts=True
     )
+    job_logs_rotate(job_id=job.pk, limit=admission.log_limit(tenant_id=job.tenant_id))
+
+
+def job_logs_rotate(*, job_id: int, limit: int | None) -> int:
+    """Keep at most ``limit`` bytes of a job's output: drop whole chunks from the front (oldest first).
+
+    A reader asking for an offset that was rotated off gets the output from the first chunk kept.
+    Returns the number of chunks dropped.
+    """
+    from django.db.models import Sum
+    from django.db.models.functions import Length
+
+    from accounts.limits import log_keep_from
+
+    from .selectors import ROTATED_MARK
+
+    if limit is None:
+        return 0
+    chunks = JobLogChunk.objects.filter(job_id=job_id)
+    total = chunks.aggregate(total=Sum(Length("data")))["total"] or 0
+    if total <= limit:
+        return 0
+    rows = list(chunks.filter(offset__gte=0).order_by("offset").values_list("offset", Length("data")))
+    keep_from = log_keep_from(total=total, limit=limit, chunks=rows)
+    if keep_from is None:
+        return 0
+    dropped, _ = chunks.filter(offset__gte=0, offset__lt=keep_from).delete()
+    # The mark tells readers that output before the oldest kept chunk is gone, not late (selectors).
+    tenant_id = JobLogChunk.objects.filter(job_id=job_id).values_list("tenant_id", flat=True).first()
+    JobLogChunk.objects.bulk_create(
+        [JobLogChunk(tenant_id=tenant_id, job_id=job_id, offset=ROTATED_MARK, data=b"")], ignore_conflicts=True
+    )
+    return dropped
 
 
 @scopes_disabled()
@@ -370,3 +403,14 @@ def node_reconcile(*, node: Node, running: list[dict]) -> None:
     for job_id, attempt in reported - set(expected):
         payload = {"job_id": job_id, "attempt": attempt, "reason": "not expected on this node", "grace_s": 5}
         transaction.on_commit(lambda p=payload: _send_to_node(node.name, "agent.stop", p))
+
+
+def tenant_running_jobs_stop(*, tenant: Tenant, reason: str) -> int:
+    """Ask the agents to stop every running job of ``tenant`` (suspension, exhausted budget); the count."""
+    stopped = 0
+    with scopes_disabled():  # filtered by the tenant it takes
+        jobs = list(Job.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).exclude(stop_requested="cancel"))
+    for job in jobs:
+        job_cancel(job=job, actor=None, reason=reason)
+        stopped += 1
+    return stopped

@@ -57,7 +57,7 @@ PRICES = {
 
 def platform_rules_seed() -> None:
     """The demo's priority classes and prices (what `make run` seeds)."""
-    from accounts.management.commands.seed_demo import prices_ensure, priority_classes_ensure
+    from console.management.commands.seed_demo import prices_ensure, priority_classes_ensure
 
     priority_classes_ensure()
     prices_ensure()

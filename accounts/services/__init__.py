@@ -2,7 +2,8 @@
 writes its audit row (``audit_record``) in that transaction.
 
     common.py   AccountsError, token_hash, audit_record
-    tenants.py  tenant_create, signup_create, quota_set, tenant_suspend, tenant_reinstate, budgets_enforce
+    tenants.py  tenant_create, signup_create, quota_set, tenant_suspend, tenant_reinstate
+    (the budget beat: admission.services.budgets_enforce)
     tokens.py   token_create, token_revoke
     members.py  member_invite, invite_accept, member_role_change, member_remove
 """
@@ -27,7 +28,6 @@ from .members import (
 )
 from .tenants import (
     QUOTA_FIELDS,
-    budgets_enforce,
     quota_set,
     signup_create,
     tenant_create,
@@ -46,7 +46,6 @@ __all__ = [
     "IssuedInvitation",
     "IssuedToken",
     "audit_record",
-    "budgets_enforce",
     "invitation_find",
     "invite_accept",
     "invite_link",

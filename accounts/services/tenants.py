@@ -1,4 +1,9 @@
-"""Tenants: creation and sign-up, quotas, suspension, and the budget enforcement beat runs."""
+"""Tenants: creation and sign-up, quotas, suspension.
+
+Suspending stops running jobs and reinstating asks for a scheduling pass: both are the
+scheduler's, above accounts, so they are reached through ports the scheduler provides at
+start-up (``scheduler.apps``). The budget beat moved to the admission app.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,17 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django_scopes import scopes_disabled
 
-from webhooks import emit as webhook_emit
+from gpushare.ports import Port
 
-from .. import quotas
-from ..models import AuditLog, Membership, Role, RunningJobsPolicy, Tenant, TenantQuota
+from ..models import Membership, Role, RunningJobsPolicy, Tenant, TenantQuota
+from ..selectors import limits_for
 from .common import AccountsError, audit_record
+
+running_jobs_stop = Port(
+    "accounts.running_jobs_stop",
+    "running_jobs_stop(*, tenant, reason) -> int: ask the agents to stop the tenant's running jobs",
+)
+schedule_soon = Port("accounts.schedule_soon", "schedule_soon(): a scheduling pass after commit")
 
 
 @transaction.atomic
@@ -51,6 +62,12 @@ QUOTA_FIELDS = (
     "max_shared_milli",
     "max_gpus_per_job",
     "max_open_jobs",
+    "max_queued_jobs",
+    "max_endpoints",
+    "max_replicas_per_endpoint",
+    "max_log_bytes_per_job",
+    "api_requests_per_minute",
+    "max_disk_mb_per_job",
     "gpu_hours_per_month",
     "monthly_spend_limit",
     "budget_alert_percent",
@@ -97,17 +114,6 @@ def quota_set(*, tenant: Tenant, actor, plan=..., **limits) -> TenantQuota:
     return quota
 
 
-def _running_jobs_stop(*, tenant: Tenant, reason: str) -> int:
-    from scheduler.models import ACTIVE_STATES, Job
-    from scheduler.services import job_cancel
-
-    stopped = 0
-    for job in Job.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).exclude(stop_requested="cancel"):
-        job_cancel(job=job, actor=None, reason=reason)
-        stopped += 1
-    return stopped
-
-
 @transaction.atomic
 def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
     """Suspend: no new jobs, queued jobs wait, running jobs stop or finish per ``on_suspended``.
@@ -120,10 +126,10 @@ def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
             return tenant
         tenant.state = Tenant.State.SUSPENDED
         tenant.save(update_fields=["state"])
-        policy = quotas.limits_for(tenant).on_suspended
+        policy = limits_for(tenant).on_suspended
         stopped = 0
         if policy == RunningJobsPolicy.STOP:
-            stopped = _running_jobs_stop(tenant=tenant, reason=f"tenant suspended: {reason}")
+            stopped = running_jobs_stop(tenant=tenant, reason=f"tenant suspended: {reason}")
     audit_record(
         actor=actor,
         tenant=tenant,
@@ -152,65 +158,5 @@ def tenant_reinstate(*, tenant: Tenant, actor, reason: str = "") -> Tenant:
         before={"state": before},
         after={"state": Tenant.State.ACTIVE, "reason": reason},
     )
-    from scheduler.services import schedule_soon
-
     schedule_soon()
     return tenant
-
-
-def budgets_enforce(*, now=None) -> dict:
-    """Platform-wide, safe to run twice: alert once a month at the threshold, and stop
-    running jobs of tenants whose month budget is exhausted when the setting says stop.
-    Only tenants with a GPU-hour or spend limit are looked at; each in its own transaction."""
-    with scopes_disabled():
-        budgeted = quotas.budgeted_tenants()
-        with transaction.atomic():
-            quotas.month_usage_advance(list(budgeted), now=now)
-        usages = quotas.month_usages(list(budgeted), now=now) if budgeted else {}
-        result = {"alerted": 0, "stopped": 0}
-        for tenant in Tenant.objects.filter(pk__in=list(budgeted)):
-            alerted, stopped = _budget_enforce_one(
-                tenant=tenant, usage=usages.get(tenant.pk, quotas.MonthUsage()), now=now
-            )
-            result["alerted"] += alerted
-            result["stopped"] += stopped
-    return result
-
-
-@transaction.atomic
-def _budget_enforce_one(*, tenant: Tenant, usage: quotas.MonthUsage, now=None) -> tuple[int, int]:
-    from django.core.mail import send_mail
-
-    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
-    limits = quotas.limits_for(tenant)
-    alerted = stopped = 0
-    since = quotas.month_start(now)
-    if (
-        quotas.alert_due(limits, usage)
-        and not AuditLog.objects.filter(tenant=tenant, action="budget.alert", created_at__gte=since).exists()
-    ):
-        status = {"gpu_ms": usage.gpu_ms, "spend": str(usage.spend), "alert_percent": limits.budget_alert_percent}
-        audit_record(actor=None, tenant=tenant, action="budget.alert", target=tenant.slug, after=status)
-        webhook_emit.budget(tenant, kind="threshold", month=since, status=status)
-        if tenant.billing_email:
-            transaction.on_commit(
-                lambda: send_mail(
-                    f"gpushare: {tenant.name} reached {limits.budget_alert_percent}% of its monthly budget",
-                    f"This month so far: {usage.gpu_ms / quotas.MS_PER_HOUR:.3f} GPU-hours, spend {usage.spend:.2f}.\n"
-                    f"Limits: {limits.gpu_hours_per_month or 'none'} GPU-hours, "
-                    f"{limits.monthly_spend_limit or 'no'} spend limit.\n",
-                    None,
-                    [tenant.billing_email],
-                )
-            )
-        alerted = 1
-    refusal = quotas.budget_refusal(limits, usage)
-    if refusal is not None:
-        webhook_emit.budget(tenant, kind="exhausted", month=since, status={"reason": refusal.message.split(";")[0]})
-    if refusal is not None and limits.on_budget_exhausted == RunningJobsPolicy.STOP:
-        stopped = _running_jobs_stop(tenant=tenant, reason=f"stopped: {refusal.message.split(';')[0]}")
-        if stopped:
-            audit_record(
-                actor=None, tenant=tenant, action="budget.stop_jobs", target=tenant.slug, after={"stopped": stopped}
-            )
-    return alerted, stopped

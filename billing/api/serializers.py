@@ -56,6 +56,18 @@ class EstimateSerializer(serializers.Serializer):
         return estimate.gpu_milli / 1000
 
 
+class HoldSerializer(serializers.Serializer):
+    amount = serializers.DecimalField(
+        max_digits=14, decimal_places=2, help_text="What submitting this job holds against the budget (its max cost)."
+    )
+    limit = serializers.DecimalField(
+        max_digits=14, decimal_places=2, allow_null=True, help_text="monthly_spend_limit (null: none)."
+    )
+    held = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="Held now by unfinished work.")
+    left = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True, help_text="limit - spent - held.")
+    fits = serializers.BooleanField(help_text="false: the submission would be refused (403 budget_exceeded).")
+
+
 class SpendSerializer(serializers.Serializer):
     month = serializers.DateField()
     spent = serializers.DecimalField(max_digits=14, decimal_places=2)

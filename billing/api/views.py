@@ -15,11 +15,13 @@ from gpushare.api import ApiError, TenantScopedMixin
 from scheduler.services import JobError, priority_for
 
 from .. import selectors
+from ..admission import hold_preview
 from ..models import Invoice
 from ..views import invoice_csv_response
 from .serializers import (
     EstimateQuerySerializer,
     EstimateSerializer,
+    HoldSerializer,
     InvoiceDetailSerializer,
     InvoiceSerializer,
     SpendSerializer,
@@ -60,7 +62,9 @@ class EstimateView(TenantScopedMixin, APIView):
 
     @extend_schema(
         parameters=[EstimateQuerySerializer],
-        responses=inline_serializer("EstimateResponse", {"results": EstimateSerializer(many=True)}),
+        responses=inline_serializer(
+            "EstimateResponse", {"results": EstimateSerializer(many=True), "hold": HoldSerializer(allow_null=True)}
+        ),
     )
     def get(self, request):
         query = EstimateQuerySerializer(data=request.query_params)
@@ -82,7 +86,17 @@ class EstimateView(TenantScopedMixin, APIView):
             )
         except selectors.EstimateError as exc:
             raise ApiError(str(exc), fields={exc.field: [str(exc)]}) from exc
-        return Response({"results": EstimateSerializer(estimates, many=True).data})
+        preview = hold_preview(
+            tenant=self.tenant,
+            mode=estimates[0].mode,
+            gpu_milli=v["gpus"],
+            gpu_model=v["gpu_model"],
+            max_runtime_s=v["max_runtime_seconds"],
+            multiplier=priority.price_multiplier,
+        )
+        return Response(
+            {"results": EstimateSerializer(estimates, many=True).data, "hold": HoldSerializer(preview).data}
+        )
 
 
 class InvoiceFilter(django_filters.FilterSet):

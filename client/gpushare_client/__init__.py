@@ -15,6 +15,7 @@ from .config import Config, config_load
 from .errors import (
     ApiError,
     BadRequest,
+    BudgetExceeded,
     BudgetExhausted,
     ConfigError,
     Conflict,
@@ -51,6 +52,7 @@ from .models import (
 __all__ = [
     "ApiError",
     "BadRequest",
+    "BudgetExceeded",
     "BudgetExhausted",
     "Client",
     "Config",

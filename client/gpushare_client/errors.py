@@ -77,6 +77,11 @@ class BudgetExhausted(Forbidden):
     """403 ``budget_exhausted``: this month's GPU-hours or spend is used up."""
 
 
+class BudgetExceeded(BudgetExhausted):
+    """403 ``budget_exceeded``: what the job can cost (its money hold) is more than the budget has left;
+    the message states both. ``gpushare estimate`` shows the hold before submitting."""
+
+
 class NotFound(ApiError):
     """404: no such object for this tenant (another tenant's looks the same)."""
 
@@ -116,6 +121,7 @@ _BY_CODE: dict[str, type[ApiError]] = {
     "forbidden": Forbidden,
     "quota_exceeded": QuotaExceeded,
     "budget_exhausted": BudgetExhausted,
+    "budget_exceeded": BudgetExceeded,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
     "conflict": Conflict,

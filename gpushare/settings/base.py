@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "console",
     "endpoints",
     "webhooks",
+    "admission",  # last: it provides the lower apps' ports in ready() and checks none is missing
 ]
 
 MIDDLEWARE = [
@@ -162,7 +163,8 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "gpushare.schema.PublicAutoSchema",
     "EXCEPTION_HANDLER": "gpushare.api.exception_handler",
-    "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle"],
+    # Per token (GPUSHARE_API_RATE) and per tenant (its plan's api_requests_per_minute), both in Redis.
+    "DEFAULT_THROTTLE_CLASSES": ["gpushare.throttling.TokenRateThrottle", "gpushare.throttling.TenantRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [
         "gpushare.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
@@ -222,7 +224,7 @@ CELERY_BEAT_SCHEDULER = "gpushare.observability.worker:HeartbeatScheduler"
 CELERY_BEAT_SCHEDULE = {
     "scheduler-pass": {"task": "scheduler.pass", "schedule": 5.0},
     "agents-check-nodes": {"task": "agents.check_nodes", "schedule": 5.0},
-    "accounts-budgets-enforce": {"task": "accounts.budgets_enforce", "schedule": 60.0},
+    "admission-budgets-enforce": {"task": "admission.budgets_enforce", "schedule": 60.0},
     "billing-close-month": {"task": "billing.close_month", "schedule": 3600.0},
     "billing-dunning-check": {"task": "billing.dunning_check", "schedule": 3600.0},
     "endpoints-autoscale": {"task": "endpoints.autoscale", "schedule": 2.0},
@@ -245,6 +247,8 @@ GPUSHARE = {
     # What happens to the jobs of a node that went down: "requeue" or "fail".
     "LOST_JOB_POLICY": os.environ.get("GPUSHARE_LOST_JOB_POLICY", "requeue"),
     "DEFAULT_MAX_RUNTIME_S": int(os.environ.get("GPUSHARE_DEFAULT_MAX_RUNTIME_S", str(24 * 3600))),
+    # An endpoint's money hold: its max replicas for this long at its price (docs/accounts.md, "Money holds").
+    "ENDPOINT_HOLD_HORIZON_S": int(os.environ.get("GPUSHARE_ENDPOINT_HOLD_HORIZON_S", str(24 * 3600))),
     "STOP_GRACE_S": int(os.environ.get("GPUSHARE_STOP_GRACE_S", "30")),
     # Bearer token Prometheus sends to /metrics (web, gateway, worker, beat, agent); blank: metrics off
     # except on a DEBUG server's loopback (and the worker/beat/agent ports, which bind 127.0.0.1).

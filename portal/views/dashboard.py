@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from accounts import quotas
+from admission import selectors as quotas
 
 from .. import selectors
 from ..templatetags.portal import counted
@@ -59,6 +59,7 @@ def dashboard(request):
             "held_gpus": sum(h.gpu_milli for h in held),
             "spend": spend,
             "quotas": selectors.quota_bars(tenant=tenant, held=held, status=status),
+            "limit_notes": selectors.limit_notes(status=status),
             "failures": failures,
             "alerts": _alerts(spend=spend, failures=failures, live=live),
             "counts": selectors.state_counts(tenant=tenant),

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from admission import selectors as admission_selectors
 from endpoints.models import Endpoint
 from scheduler import services
 from scheduler.api.idempotency import Submitted, job_submit_idempotent
@@ -138,18 +139,28 @@ def job_bulk_cancel(request):
 def _submit_context(request, form: JobSubmitForm) -> dict:
     body = form.api_body or {}
     base_url = request.build_absolute_uri("/").rstrip("/")
-    estimate = None
+    estimate = hold = None
     if form.mode is not None:
         runtime = body.get("max_runtime_seconds")
+        runtime = runtime if isinstance(runtime, int) and runtime > 0 else default_runtime_s()
         estimate = selectors.submit_estimate(
             gpu_milli=form.gpu_milli,
             gpu_model=body.get("gpu_model", ""),
             priority=form.priority_class,
-            max_runtime_s=runtime if isinstance(runtime, int) and runtime > 0 else default_runtime_s(),
+            max_runtime_s=runtime,
+        )
+        hold = admission_selectors.hold_preview(
+            tenant=request.portal.tenant,
+            mode=form.mode,
+            gpu_milli=form.gpu_milli,
+            gpu_model=body.get("gpu_model", ""),
+            max_runtime_s=runtime,
+            multiplier=form.priority_class.price_multiplier,
         )
     return {
         "form": form,
         "estimate": estimate,
+        "hold": hold,
         "curl": curl_for(body, base_url=base_url),
         "cli": cli_for(body, base_url=base_url),
         "touched": request.POST.get("_touched", ""),

@@ -36,10 +36,10 @@ def _month_from(raw: str) -> datetime:
 
 
 def _invoice_links(invoice) -> dict:
-    """The billing app's printable view (print to PDF) and per-job CSV."""
+    """The printable invoice (print to PDF) and its per-job CSV (portal/views/invoices.py)."""
     return {
-        "print": reverse("billing:invoice-detail", kwargs={"invoice_id": invoice.pk}),
-        "csv": reverse("billing:invoice-csv", kwargs={"invoice_id": invoice.pk}),
+        "print": reverse("portal:invoice", kwargs={"invoice_id": invoice.pk}),
+        "csv": reverse("portal:invoice_csv", kwargs={"invoice_id": invoice.pk}),
     }
 
 

@@ -15,15 +15,11 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 
-from accounts.quotas import (
-    month_bounds_ms,
-    month_usage,
-    month_usage_advance,
-    submission_check,
-    tenant_limits_for_scheduling,
-)
 from accounts.services import quota_set
-from tests.accounts.helpers import job_make, node_get
+from admission.selectors import month_bounds_ms, month_usage
+from admission.selectors import tenant_caps_for_scheduling as tenant_limits_for_scheduling
+from admission.services import month_usage_advance
+from tests.accounts.helpers import job_make, node_get, submission_check
 
 WINDOWS = 300_000
 

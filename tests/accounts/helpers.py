@@ -7,7 +7,8 @@ from decimal import Decimal
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
-from accounts.quotas import MS_PER_HOUR, month_bounds_ms
+from accounts.limits import MS_PER_HOUR
+from admission.selectors import month_bounds_ms
 from agents.models import Node
 from billing.models import UsageWindow
 from scheduler.models import Job, JobState
@@ -20,8 +21,10 @@ def node_get(name: str = "quota-node") -> Node:
     return Node.objects.get_or_create(name=name, defaults={"state": Node.State.UP, "token_hash": "x" * 64})[0]
 
 
-def job_make(tenant, user=None, *, gpus: int = 1, state: str = JobState.QUEUED) -> Job:
-    job = job_submit(tenant=tenant, user=user, spec=JobSpec(kind="training", gpu_milli=gpus * 1000, command=["true"]))
+def job_make(tenant, user=None, *, gpus: int = 1, state: str = JobState.QUEUED, max_runtime_s: int = 60) -> Job:
+    """A job through job_submit; a minute's max runtime keeps its money hold small (cents)."""
+    spec = JobSpec(kind="training", gpu_milli=gpus * 1000, command=["true"], max_runtime_s=max_runtime_s)
+    job = job_submit(tenant=tenant, user=user, spec=spec)
     if state != JobState.QUEUED:
         with scopes_disabled():
             Job.objects.filter(pk=job.pk).update(state=state, node=node_get(), attempt=1, started_at=timezone.now())
@@ -48,3 +51,22 @@ def usage_add(tenant, *, gpu_hours: Decimal | int = 0, amount: Decimal | str = "
             gpu_ms=gpu_ms,
             amount=Decimal(amount),
         )
+
+
+def submission_check(*, tenant, mode: str, gpu_milli: int, max_runtime_s: int = 3600, count: int = 1) -> None:
+    """The admission check job_submit runs (through the scheduler's port), for a job of this size."""
+    from decimal import Decimal
+
+    from scheduler.admission import JobAsk, job_admit
+
+    job_admit(
+        tenant=tenant,
+        ask=JobAsk(
+            kind="training" if mode == "dedicated" else "inference",
+            mode=mode,
+            gpu_milli=gpu_milli,
+            max_runtime_s=max_runtime_s,
+            price_multiplier=Decimal(1),
+            count=count,
+        ),
+    )

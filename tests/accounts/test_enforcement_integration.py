@@ -9,9 +9,9 @@ import pytest
 from django_scopes import scopes_disabled
 
 from accounts.models import Role
-from accounts.quotas import month_usage
 from accounts.services import quota_set, tenant_suspend
-from accounts.tasks import budgets_enforce_task
+from admission.selectors import month_usage
+from admission.tasks import budgets_enforce_task
 from scheduler.models import Job
 from tests.factories import TenantFactory, wait_for
 

@@ -100,7 +100,7 @@ def test_the_tenant_lock_does_not_block_rows_that_merely_reference_the_tenant():
     from django.db import transaction
 
     from accounts.models import AuditLog
-    from accounts.quotas import submission_check
+    from tests.accounts.helpers import submission_check
 
     platform_rules_seed()
     tenant = TenantFactory(slug="race-d")
@@ -135,7 +135,7 @@ def _hold_admission(tenant, locked: threading.Event, release: threading.Event) -
     """A thread that passes submission_check for ``tenant`` and keeps its transaction open until ``release``."""
     from django.db import transaction
 
-    from accounts.quotas import submission_check
+    from tests.accounts.helpers import submission_check
 
     def hold():
         try:
@@ -163,18 +163,20 @@ def _with_lock_timeout(fn, timeout: str = "2s"):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_submits_of_a_tenant_without_an_open_jobs_limit_do_not_wait_for_each_other():
+def test_submits_of_other_tenants_do_not_wait_for_one_in_flight():
+    """Every plan limits open and queued jobs (accounts.limits.PLAN_DEFAULTS), so one tenant's submits
+    are admitted one after another; another tenant's submit does not wait for them."""
     import time
 
     platform_rules_seed()
-    tenant = TenantFactory(slug="race-e")
-    quota_set(tenant=tenant, actor=None, max_dedicated_gpus=2)  # a limit that needs no count
+    tenant, other = TenantFactory(slug="race-e"), TenantFactory(slug="race-e2")
+    quota_set(tenant=tenant, actor=None, max_dedicated_gpus=2)
     locked, release = threading.Event(), threading.Event()
     holder = _hold_admission(tenant, locked, release)
     started = time.monotonic()
     try:
         job = _with_lock_timeout(
-            lambda: job_submit(tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["x"]))
+            lambda: job_submit(tenant=other, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["x"]))
         )
         elapsed = time.monotonic() - started
     finally:

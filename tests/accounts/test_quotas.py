@@ -10,25 +10,17 @@ from django.core import mail
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
+from accounts.limits import PLAN_DEFAULTS, Limits, MonthUsage, admission_refusal
 from accounts.models import AuditLog, Plan, Role, RunningJobsPolicy, Tenant, TenantMonthUsage
-from accounts.quotas import (
-    Limits,
-    MonthUsage,
-    admission_refusal,
-    budget_status,
-    limits_for,
-    month_bounds_ms,
-    month_usage,
-    month_usage_advance,
-    month_usages,
-    submission_check,
-    tenant_limits_for_scheduling,
-)
-from accounts.services import AccountsError, budgets_enforce, quota_set
+from accounts.selectors import limits_for
+from accounts.services import AccountsError, quota_set
+from admission.selectors import budget_status, month_bounds_ms, month_usage, month_usages
+from admission.selectors import tenant_caps_for_scheduling as tenant_limits_for_scheduling
+from admission.services import budgets_enforce, month_usage_advance
 from billing.models import UsageWindow
 from scheduler.models import Job, JobState
 from scheduler.services import JobError, JobSpec, job_submit
-from tests.accounts.helpers import job_make, usage_add
+from tests.accounts.helpers import job_make, submission_check, usage_add
 from tests.factories import member_add
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +37,9 @@ def refused(tenant, **kwargs) -> JobError:
 
 
 def test_limits_come_from_quota_then_plan_then_default_plan(tenant):
-    assert limits_for(tenant) == Limits()  # no plan anywhere: no limits
+    # No plan anywhere: the built-in plan defaults (counts, logs, API rate), no GPU or money limit.
+    assert limits_for(tenant) == Limits(**PLAN_DEFAULTS)
+    assert limits_for(tenant).max_gpus_per_job is None and limits_for(tenant).monthly_spend_limit is None
     Plan.objects.create(name="default", max_gpus_per_job=2, max_open_jobs=5, on_budget_exhausted="finish")
     team = Plan.objects.create(name="team", max_gpus_per_job=4)
     assert limits_for(tenant).max_gpus_per_job == 2
@@ -153,7 +147,7 @@ def test_limits_for_scheduling(rules, tenant, other_tenant):
     third = Tenant.objects.create(slug="tenant-c", name="C")
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4, max_shared_milli=500)
     quota_set(tenant=other_tenant, actor=None, monthly_spend_limit=Decimal(1))
-    usage_add(other_tenant, amount="1.00", job=submit(other_tenant))
+    usage_add(other_tenant, amount="1.00", job=job_make(other_tenant))
     Tenant.objects.filter(pk=third.pk).update(state=Tenant.State.SUSPENDED)
 
     limits = tenant_limits_for_scheduling()
@@ -199,23 +193,24 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
 
 
 def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
-    """Share-lock the tenant, read quota, plan and the default plan (one query), take the open-jobs lock,
-    count open jobs, the month's cached totals, sum the windows after them: 6 queries, however many jobs
-    and usage windows the tenant has."""
+    """Share-lock the tenant, read quota, plan and the default plan (one query), take the admission lock,
+    count open and queued jobs, the month's cached totals, sum the windows after them, then the money
+    hold: the price list, the open jobs' sizes with their metered amounts, the live endpoints: 9 queries,
+    however many jobs and usage windows the tenant has."""
     quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
     for _ in range(5):
         usage_add(tenant, amount="1.00", job=submit(tenant))
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(9):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
 def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries):
-    """No max_open_jobs and no budget: share-lock the tenant, read quota, plan and the default plan (one
-    query); no count, no per-tenant lock, no usage."""
+    """No budget: share-lock the tenant, read quota, plan and the default plan (one query), take the
+    admission lock and count open and queued jobs (every plan limits them by default); no usage, no holds."""
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4)
     for _ in range(5):
         submit(tenant)
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(4):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 

@@ -6,8 +6,8 @@ import pytest
 from django_scopes import scopes_disabled
 
 from accounts.models import AuditLog, Role, Tenant
-from accounts.quotas import tenant_limits_for_scheduling
 from accounts.services import AccountsError, quota_set, tenant_reinstate, tenant_suspend
+from admission.selectors import tenant_caps_for_scheduling as tenant_limits_for_scheduling
 from scheduler.models import Job, JobState
 from scheduler.services import JobError, JobSpec, job_submit
 from tests.accounts.helpers import job_make

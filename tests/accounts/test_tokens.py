@@ -211,8 +211,9 @@ def test_token_create_validates_and_audits(tenant, other_tenant):
 
 
 def test_tenant_quota_and_suspend_commands(tenant):
+    from accounts.limits import PLAN_DEFAULTS
     from accounts.models import Plan
-    from accounts.quotas import limits_for
+    from accounts.selectors import limits_for
 
     Plan.objects.create(name="team", max_gpus_per_job=4, monthly_spend_limit="500.00")
     out = StringIO()
@@ -224,7 +225,7 @@ def test_tenant_quota_and_suspend_commands(tenant):
     assert "max_gpus_per_job: 4" in text and "max_open_jobs: 20" in text and "monthly_spend_limit: 500.00" in text
     assert "this month: 0.000 GPU-hours, spend 0.00" in text
     call_command("tenant_quota", tenant.slug, "--clear", "max_open_jobs", stdout=StringIO())
-    assert limits_for(tenant).max_open_jobs is None
+    assert limits_for(tenant).max_open_jobs == PLAN_DEFAULTS["max_open_jobs"]  # back to the built-in default
     with pytest.raises(CommandError, match="no plan 'gold'"):
         call_command("tenant_quota", tenant.slug, "--plan", "gold", stdout=StringIO())
     with pytest.raises(CommandError, match="between 1 and 100"):

@@ -20,7 +20,7 @@ def test_no_limits(rules, tenant, api_client_for):
     body = api_client_for(tenant).get("/api/v1/quota/").json()
     assert body["limits"]["max_dedicated_gpus"] is None
     assert body["headroom"]["dedicated_gpus"] is None
-    assert body["current"] == {"dedicated_gpus": 0, "shared_gpus": 0, "open_jobs": 0}
+    assert body["current"] == {"dedicated_gpus": 0, "shared_gpus": 0, "open_jobs": 0, "queued_jobs": 0, "endpoints": 0}
     assert body["month"]["exhausted"] is False
 
 
@@ -35,10 +35,11 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     )
     node = node_make(gpus=3)
     gpus = list(node.gpus.order_by("index"))
-    training = job_make(tenant, gpu_milli=2000)
-    serving = job_make(tenant, kind="inference", gpu_milli=250)
-    job_make(tenant)  # queued, holds nothing
-    finished = job_make(tenant)
+    # An hour's max runtime: each job's money hold fits the $100 budget.
+    training = job_make(tenant, gpu_milli=2000, max_runtime_s=3600)
+    serving = job_make(tenant, kind="inference", gpu_milli=250, max_runtime_s=3600)
+    job_make(tenant, max_runtime_s=3600)  # queued, holds no GPU (but holds money)
+    finished = job_make(tenant, max_runtime_s=3600)
     theirs = job_make(other_tenant, gpu_milli=1000)
     with scopes_disabled():
         Allocation.objects.bulk_create(
@@ -54,12 +55,21 @@ def test_limits_use_and_headroom(rules, tenant, other_tenant, api_client_for):
     body = api_client_for(tenant).get("/api/v1/quota/").json()
     assert body["limits"]["max_dedicated_gpus"] == 4
     assert body["limits"]["max_shared_gpus"] == 1
-    assert body["current"] == {"dedicated_gpus": 2, "shared_gpus": 0.25, "open_jobs": 3}
+    assert body["current"] == {
+        "dedicated_gpus": 2,
+        "shared_gpus": 0.25,
+        "open_jobs": 3,
+        "queued_jobs": 1,
+        "endpoints": 0,
+    }
     assert body["headroom"]["dedicated_gpus"] == 2
     assert body["headroom"]["shared_gpus"] == 0.75
     assert body["headroom"]["open_jobs"] == 2
     assert body["headroom"]["spend"] == "100.00"
     assert body["month"]["spend"] == "0.00"
+    # Money held: the three unfinished jobs' max cost (the dearest model, an hour, their class multiplier).
+    held = Decimal(body["month"]["held"])
+    assert held > 0 and Decimal(body["month"]["budget_left"]) == Decimal("100.00") - held
 
 
 def test_quota_needs_a_token_with_usage_scope(rules, tenant, api_client_for, client):

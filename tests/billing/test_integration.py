@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import RunningJobsPolicy, TenantQuota
-from accounts.services import budgets_enforce
+from admission.services import budgets_enforce
 from billing.models import Charge, Invoice
 from billing.selectors import ledger_month, tenant_month_spend
 from billing.services.invoices import invoice_close
@@ -83,12 +83,16 @@ def test_spend_limit_stops_the_running_job(platform, agent_factory):
     tenant = TenantFactory(slug="spender")
     with scopes_disabled():
         TenantQuota.objects.create(
-            tenant=tenant, monthly_spend_limit=Decimal("0.01"), on_budget_exhausted=RunningJobsPolicy.STOP
+            tenant=tenant, monthly_spend_limit=Decimal("100.00"), on_budget_exhausted=RunningJobsPolicy.STOP
         )
     session = platform.session_for(tenant)
     job_id = submit(
         platform, session, {"kind": "training", "gpus": 1, "command": [sys.executable, "-c", SLEEP.format(60)]}
     )
+    # Admission held the job's max cost against $100; the operator then lowers the budget under the
+    # job (a hold never lets new work pass the budget, so only a change like this can leave a job over it).
+    with scopes_disabled():
+        TenantQuota.objects.filter(tenant=tenant).update(monthly_spend_limit=Decimal("0.01"))
 
     # An H100 costs 2.49/h: about 15 s of metered windows exhaust the limit.
     def spend():

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent.parent
 PERIODIC = re.compile(
     r"Sending due task|endpoints\.autoscale|scheduler\.pass|agents\.check_nodes|agents\.heartbeat|"
-    r"scheduler\.launches_resend|accounts\.budgets_enforce|No hostname was supplied"
+    r"scheduler\.launches_resend|admission\.budgets_enforce|No hostname was supplied"
 )
 QUIET_S = 30
 

@@ -23,7 +23,7 @@ def test_dashboard_shows_spend_against_budget_and_quota_bars(client_for, tenant,
     quota_set(
         tenant=tenant, actor=None, monthly_spend_limit=Decimal("12"), budget_alert_percent=80, max_dedicated_gpus=4
     )
-    held = job_make(tenant, user=owner.user, name="holding")
+    held = job_make(tenant, user=owner.user, name="holding", max_runtime_s=60)  # its hold fits the $2 left
     with scopes_disabled():
         from scheduler.models import Allocation
 

@@ -143,8 +143,8 @@ def test_invoices_show_for_owners_with_lines_and_links_not_for_viewers(client_fo
         theirs = Invoice.objects.create(tenant=other_tenant, month=invoice.month, total=Decimal("99.99"))
     page = owner.get(reverse("portal:usage")).content.decode()
     assert "$12.34" in page and "H100-80GB · dedicated · standard" in page
-    assert reverse("billing:invoice-detail", kwargs={"invoice_id": invoice.pk}) in page
-    assert reverse("billing:invoice-csv", kwargs={"invoice_id": invoice.pk}) in page
+    assert reverse("portal:invoice", kwargs={"invoice_id": invoice.pk}) in page
+    assert reverse("portal:invoice_csv", kwargs={"invoice_id": invoice.pk}) in page
     assert f'data-invoice="{theirs.pk}"' not in page and "$99.99" not in page
     viewer = client_for(tenant, role=Role.VIEWER)
     assert "$12.34" not in viewer.get(reverse("portal:usage")).content.decode()

@@ -274,7 +274,7 @@ def test_job_events_follow_the_state_machine_and_roll_back_with_it(rules, tenant
 
 @pytest.mark.django_db(transaction=True)
 def test_endpoint_budget_and_invoice_events(rules, tenant, allow_local, monkeypatch):
-    from accounts.services import budgets_enforce
+    from admission.services import budgets_enforce
     from endpoints.services import EndpointSpec, endpoint_autoscale, endpoint_create, endpoint_update
 
     hook(tenant, "http://127.0.0.1:9/all", patterns=["endpoint.*", "budget.*", "invoice.*"])
@@ -289,13 +289,16 @@ def test_endpoint_budget_and_invoice_events(rules, tenant, allow_local, monkeypa
     assert [(e.data["from"], e.data["to"], e.data["name"]) for e in scaled] == [(0, 1, "llm")]
 
     # Budget: over the alert threshold, and exhausted: each once a month, however often enforced.
-    from accounts import quotas
+    from accounts.limits import Refusal
+    from accounts.selectors import limits_for
+    from admission import selectors as admission_selectors
+    from admission import services as admission_services
 
-    monkeypatch.setattr(quotas, "alert_due", lambda limits, usage: True)
+    monkeypatch.setattr(admission_services, "alert_due", lambda limits, usage: True)
     monkeypatch.setattr(
-        quotas, "budget_refusal", lambda limits, usage: quotas.Refusal("budget_exhausted", "used up; x")
+        admission_services, "budget_refusal", lambda limits, usage: Refusal("budget_exhausted", "used up; x")
     )
-    monkeypatch.setattr(quotas, "budgeted_tenants", lambda: {tenant.pk: quotas.limits_for(tenant)})
+    monkeypatch.setattr(admission_selectors, "budgeted_tenants", lambda: {tenant.pk: limits_for(tenant)})
     budgets_enforce()
     budgets_enforce()
     kinds = [d.event.type for d in deliveries(tenant) if d.event.type.startswith("budget.")]

@@ -116,6 +116,17 @@ def estimate(gpus, kind, max_runtime_seconds, priority, gpu_model) -> int:
     lines.append(f"{gpus} GPU for at most {hours.normalize()} h (--max-runtime-seconds {max_runtime_seconds})")
     if show_hold:
         lines.append("HOLD: set aside from this month's budget while the job runs; the bill is what it uses")
+    budget = body.get("hold") if isinstance(body.get("hold"), dict) else None
+    if budget is not None:
+        if budget.get("limit") is None:
+            lines.append(f"submitting holds {dollars(budget['amount'])}; the tenant has no spend limit")
+        else:
+            lines.append(
+                f"submitting holds {dollars(budget['amount'])}; {dollars(budget['left'])} of your "
+                f"{dollars(budget['limit'])} budget is left ({dollars(budget['held'])} held by running and queued work)"
+            )
+            if not budget.get("fits", True):
+                lines.append("this job does not fit: it would be refused (403 budget_exceeded)")
     if not results:
         lines = ["no GPU model can run this job (no price or no such GPU)"]
     emit(body, lines)

@@ -4,8 +4,8 @@ from decimal import Decimal, InvalidOperation
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import Plan, RunningJobsPolicy, Tenant
-from accounts.quotas import budget_status
 from accounts.services import QUOTA_FIELDS, AccountsError, quota_set
+from admission.selectors import budget_status
 
 DECIMALS = {"gpu_hours_per_month", "monthly_spend_limit"}
 CHOICES = {"on_budget_exhausted", "on_suspended"}

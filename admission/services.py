@@ -1,0 +1,253 @@
+"""Admission writes and checks: may this tenant start this now? Each runs in the caller's transaction.
+
+``job_admit`` (through the scheduler's port, inside ``job_submit``'s transaction) holds the
+tenant row ``FOR SHARE`` (a suspension or a quota change waits for it) and a per-tenant
+advisory lock until commit, so one tenant's submits are checked one after another: the counts
+and holds each sees include every job committed before it, and its own job is committed
+before the next one counts. Other tenants are not delayed.
+
+Services that act across tenants (the budget beat) say so; the rest filter by the tenant they take.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import connection, transaction
+from django.utils import timezone
+from django_scopes import scopes_disabled
+
+from accounts.limits import (
+    MS_PER_HOUR,
+    MonthUsage,
+    Refusal,
+    alert_due,
+    budget_refusal,
+    count_refusal,
+    endpoint_refusal,
+    hold_refusal,
+    size_refusal,
+)
+from accounts.models import AuditLog, RunningJobsPolicy, Tenant, TenantMonthUsage
+from accounts.selectors import limits_for
+from accounts.services import audit_record
+from accounts.services.tenants import running_jobs_stop
+from billing.models import UsageWindow
+from endpoints.services import EndpointError
+from scheduler.admission import JobAsk
+from scheduler.services import JobError
+from webhooks import emit as webhook_emit
+
+from . import selectors
+from .selectors import tenant_caps_for_scheduling  # noqa: F401  (provided to the scheduler's port)
+
+ADMISSION_LOCK = 0x6F70_656E  # "open": advisory lock namespace, (this, tenant id)
+
+
+def _tenant_share_locked(tenant_id: int) -> Tenant:
+    """The tenant row, held ``FOR SHARE`` until the caller's transaction ends.
+
+    Shared: concurrent submits of one tenant do not block each other on the row, while a
+    suspension or a quota change (which lock it ``FOR NO KEY UPDATE``) waits for them, so the
+    state and limits a submit checks stay true until it commits.
+    """
+    if connection.vendor != "postgresql":  # SQLite: writers are serialised already
+        return Tenant.objects.get(pk=tenant_id)
+    return Tenant.objects.raw(f"SELECT * FROM {Tenant._meta.db_table} WHERE id = %s FOR SHARE", [tenant_id])[0]
+
+
+def _tenant_admission_lock(tenant_id: int) -> None:
+    """Serialise one tenant's admissions until the caller's transaction ends (a transaction-level
+    advisory lock, so the row lock above can stay shared: two shared holders upgrading would deadlock)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ADMISSION_LOCK, tenant_id])
+
+
+def _raise(refusal: Refusal | None, error=JobError) -> None:
+    if refusal is not None:
+        raise error(refusal.message, code=refusal.code, field=refusal.field)
+
+
+@scopes_disabled()  # reads only this tenant's rows (filtered by tenant id below)
+def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
+    """Refuse ``ask.count`` jobs the tenant's limits or money budget forbid (raises ``JobError``).
+
+    Order: state, size (can it ever fit), open and queued job counts, the month's GPU-hours
+    and spend, then the money hold: the jobs' max cost must fit in what the budget has left
+    after what is spent and what open holds reserve. A replica (``ask.endpoint_id``) is covered
+    by its endpoint's hold.
+    """
+    locked = _tenant_share_locked(tenant.pk)
+    if locked.state != Tenant.State.ACTIVE:
+        raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
+    limits = limits_for(locked)
+    _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
+    _tenant_admission_lock(locked.pk)
+    open_jobs, queued = selectors.job_counts(locked)
+    _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
+    if limits.gpu_hours_per_month is None and limits.monthly_spend_limit is None:
+        return
+    usage = selectors.month_usage(locked)
+    _raise(budget_refusal(limits, usage))
+    if ask.endpoint_id is not None or limits.monthly_spend_limit is None:
+        return
+    prices = selectors.prices_now()
+    hold = ask.count * selectors.job_hold(
+        prices,
+        mode=ask.mode,
+        gpu_model=ask.gpu_model,
+        gpu_milli=ask.gpu_milli,
+        max_runtime_s=ask.max_runtime_s,
+        multiplier=Decimal(ask.price_multiplier),
+    )
+    budget = selectors.budget_now(locked, limits, usage=usage, prices=prices)
+    what = "this job" if ask.count == 1 else f"this array of {ask.count} tasks"
+    _raise(hold_refusal(budget, hold=hold, what=what))
+
+
+@scopes_disabled()  # reads only this tenant's rows
+def endpoint_admit(
+    *, tenant: Tenant, endpoint_id: int | None, gpu_milli: int, gpu_model: str, priority: str, max_replicas: int
+) -> None:
+    """Refuse an endpoint (new: ``endpoint_id`` None) the limits or the money budget forbid (``EndpointError``).
+
+    The hold of an endpoint is its max replicas × its size × ``ENDPOINT_HOLD_HORIZON_S`` at its price.
+    """
+    locked = _tenant_share_locked(tenant.pk)
+    limits = limits_for(locked)
+    _tenant_admission_lock(locked.pk)
+    count = selectors.endpoint_count(locked, exclude_id=endpoint_id)
+    _raise(endpoint_refusal(limits, endpoints=count, max_replicas=max_replicas, new=endpoint_id is None), EndpointError)
+    if limits.monthly_spend_limit is None:
+        return
+    prices = selectors.prices_now()
+    hold = selectors.endpoint_hold(
+        prices,
+        gpu_milli=gpu_milli,
+        gpu_model=gpu_model,
+        max_replicas=max_replicas,
+        multiplier=selectors._multiplier(priority),
+    )
+    budget = selectors.budget_now(locked, limits, prices=prices, exclude_endpoint_id=endpoint_id)
+    hours = selectors.hold_horizon_s() / 3600
+    _raise(
+        hold_refusal(budget, hold=hold, what=f"this endpoint ({max_replicas} replicas for {hours:g} h)"), EndpointError
+    )
+
+
+def log_limit_for(*, tenant_id: int) -> int | None:
+    return limits_for(Tenant(pk=tenant_id)).max_log_bytes_per_job
+
+
+# --- month totals and the budget beat -----------------------------------------------------------------
+
+# A usage window's transaction commits within the Celery task time limit (300 s) of its
+# insert, so every window with an id at most that of a row received this long ago is visible.
+SETTLED_AFTER = timedelta(minutes=10)
+# Agent clocks may run ahead: a window received before the month (less this) cannot start in it.
+CLOCK_MARGIN = timedelta(hours=1)
+
+
+@scopes_disabled()  # platform-wide: folds every given tenant's windows
+def month_usage_advance(tenant_ids, *, now: datetime | None = None) -> int:
+    """Fold the settled windows of this month into ``TenantMonthUsage`` (call in a transaction;
+    idempotent). Returns the window id the totals now run through."""
+    now = now or timezone.now()
+    start = selectors.month_start(now)
+    start_ms, end_ms = selectors.month_bounds_ms(now)
+    settled = (
+        UsageWindow.objects.filter(received_at__lt=now - SETTLED_AFTER).order_by("-id").values_list("id", flat=True)
+    ).first() or 0
+    rows = {
+        row.tenant_id: row
+        for row in TenantMonthUsage.objects.select_for_update().filter(tenant_id__in=tenant_ids, month=start.date())
+    }
+    if missing := [t for t in tenant_ids if t not in rows]:
+        # Windows received before the month began (less the clock margin) cannot start in it.
+        before_month = (
+            UsageWindow.objects.filter(received_at__lt=start - CLOCK_MARGIN)
+            .order_by("-id")
+            .values_list("id", flat=True)
+            .first()
+        ) or 0
+        for tenant_id in missing:
+            rows[tenant_id], _ = TenantMonthUsage.objects.get_or_create(
+                tenant_id=tenant_id, month=start.date(), defaults={"through_window_id": before_month}
+            )
+    by_cursor: dict[int, list[TenantMonthUsage]] = {}
+    for row in rows.values():
+        if row.through_window_id < settled:
+            by_cursor.setdefault(row.through_window_id, []).append(row)
+    for cursor, group in by_cursor.items():
+        added = selectors.window_sums(
+            UsageWindow.objects.filter(
+                id__gt=cursor,
+                id__lte=settled,
+                tenant_id__in=[r.tenant_id for r in group],
+                start_ms__gte=start_ms,
+                start_ms__lt=end_ms,
+            )
+        )
+        for row in group:
+            total = selectors.usage_add(MonthUsage(gpu_ms=row.gpu_ms, spend=row.spend), added.get(row.tenant_id))
+            row.gpu_ms, row.spend, row.through_window_id = total.gpu_ms, total.spend, settled
+            row.save(update_fields=["gpu_ms", "spend", "through_window_id", "updated_at"])
+    return settled
+
+
+def budgets_enforce(*, now=None) -> dict:
+    """Platform-wide, safe to run twice: alert once a month at the threshold, and stop
+    running jobs of tenants whose month budget is exhausted when the setting says stop.
+    Only tenants with a GPU-hour or spend limit are looked at; each in its own transaction."""
+    with scopes_disabled():  # the beat acts for every budgeted tenant
+        budgeted = selectors.budgeted_tenants()
+        with transaction.atomic():
+            month_usage_advance(list(budgeted), now=now)
+        usages = selectors.month_usages(list(budgeted), now=now) if budgeted else {}
+        result = {"alerted": 0, "stopped": 0}
+        for tenant in Tenant.objects.filter(pk__in=list(budgeted)):
+            alerted, stopped = _budget_enforce_one(tenant=tenant, usage=usages.get(tenant.pk, MonthUsage()), now=now)
+            result["alerted"] += alerted
+            result["stopped"] += stopped
+    return result
+
+
+@transaction.atomic
+def _budget_enforce_one(*, tenant: Tenant, usage: MonthUsage, now=None) -> tuple[int, int]:
+    from django.core.mail import send_mail
+
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    limits = limits_for(tenant)
+    alerted = stopped = 0
+    since = selectors.month_start(now)
+    if (
+        alert_due(limits, usage)
+        and not AuditLog.objects.filter(tenant=tenant, action="budget.alert", created_at__gte=since).exists()
+    ):
+        status = {"gpu_ms": usage.gpu_ms, "spend": str(usage.spend), "alert_percent": limits.budget_alert_percent}
+        audit_record(actor=None, tenant=tenant, action="budget.alert", target=tenant.slug, after=status)
+        webhook_emit.budget(tenant, kind="threshold", month=since, status=status)
+        if tenant.billing_email:
+            transaction.on_commit(
+                lambda: send_mail(
+                    f"gpushare: {tenant.name} reached {limits.budget_alert_percent}% of its monthly budget",
+                    f"This month so far: {usage.gpu_ms / MS_PER_HOUR:.3f} GPU-hours, spend {usage.spend:.2f}.\n"
+                    f"Limits: {limits.gpu_hours_per_month or 'none'} GPU-hours, "
+                    f"{limits.monthly_spend_limit or 'no'} spend limit.\n",
+                    None,
+                    [tenant.billing_email],
+                )
+            )
+        alerted = 1
+    refusal = budget_refusal(limits, usage)
+    if refusal is not None:
+        webhook_emit.budget(tenant, kind="exhausted", month=since, status={"reason": refusal.message.split(";")[0]})
+    if refusal is not None and limits.on_budget_exhausted == RunningJobsPolicy.STOP:
+        stopped = running_jobs_stop(tenant=tenant, reason=f"stopped: {refusal.message.split(';')[0]}")
+        if stopped:
+            audit_record(
+                actor=None, tenant=tenant, action="budget.stop_jobs", target=tenant.slug, after={"stopped": stopped}
+            )
+    return alerted, stopped
