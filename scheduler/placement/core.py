@@ -59,7 +59,7 @@ class _Planner:
         self.held_milli: dict[str, float] = {}
         self.stopping_end: dict[int, float] = {}
         self._apply_running(nodes, running)
-        self.fleet = Fleet(nodes)
+        self.fleet = Fleet(nodes, price=policy.model_price)
         self.reserved_for: dict[str, int] = {}  # GPU uuid -> job id it is promised to
         self.head: Request | None = None
         self.head_start: float | None = None
@@ -112,7 +112,20 @@ class _Planner:
         )
 
     # -- the pass --------------------------------------------------------------
+    def learn(self, queue: list[Request]) -> None:
+        """The workload's mix from the recent requests and the queue; models constrained jobs in the
+        queue need are kept for them."""
+        fleet = self.fleet
+        for request in self.policy.recent:
+            fleet.mix.add(request)
+        for request in queue:
+            fleet.mix.add(request)
+        fleet.refresh_mix()
+        fleet.avoid = frozenset(m for r in queue for m in r.models)
+
     def run(self, requests: Iterable[Request]) -> Plan:
+        requests = list(requests)
+        self.learn(requests)
         queues: dict[tuple[int, str], list[Request]] = {}
         for request in requests:
             queues.setdefault((request.rank, request.tenant), []).append(request)
@@ -220,6 +233,12 @@ class _Planner:
                 return False
             fleet.take_share(gpu, request)
             node, gpus = gpu.node, [gpu]
+        elif not request.count:  # CPU-only
+            found = fleet.find_host(request)
+            if found is None:
+                return False
+            fleet.take_host(found[0], request)
+            node, gpus = found[0].name, []
         else:
             found = fleet.find_dedicated(request, end)
             if found is None:
@@ -261,6 +280,15 @@ class _Planner:
         return self._never[shape]
 
     def _static_reason(self, request: Request) -> str:
+        if not request.shared and not request.count:
+            if any(
+                n.schedulable
+                and (not n.cpu_milli or n.cpu_milli >= request.cpu_milli)
+                and (not n.memory_mib or n.memory_mib >= request.memory_mib)
+                for n in self.fleet.nodes.values()
+            ):
+                return ""
+            return "no schedulable node has the CPU and memory it asks for"
         what = f"{' or '.join(request.models)} GPU" if request.models else "GPU"
         if request.gpu_memory_mb:
             what += f" with {request.gpu_memory_mb} MiB"
@@ -290,6 +318,8 @@ class _Planner:
         return f"no node has {request.count} {what}s for dedicated use (at most {best} on one node)"
 
     def _capacity_reason(self, request: Request) -> str:
+        if not request.shared and not request.count:
+            return "waiting for CPU and memory on a node to free up"
         model = f"{' or '.join(request.models)} " if request.models else ""
         if request.shared:
             return f"waiting for {request.share_milli / WHOLE:g} of a {model}GPU to free up"
@@ -371,7 +401,7 @@ class _Planner:
         cache: dict[tuple, float | None] = {}
         estimates = self.result.estimated_start_ms
         for request in self._capacity_blocked:
-            if request.job_id in estimates:
+            if request.job_id in estimates or not (request.shared or request.count):
                 continue
             shape = request.shape()
             if shape not in cache:
@@ -406,13 +436,21 @@ class Session:
 
     def __init__(self, nodes: list[NodeSlot], *, running: Iterable[Running] = (), policy: Policy | None = None):
         self._planner = _Planner(nodes, list(running), policy or Policy())
+        if self._planner.policy.recent:
+            self._planner.learn([])
 
     def offer(self, request: Request) -> Placement | None:
         """Place ``request`` now if it fits (the fleet keeps it), else None (see :meth:`reason`)."""
         placements = self._planner.result.placements
         before = len(placements)
+        self._planner.fleet.observe(request)
         self._planner._decide(request)
         return placements[-1] if len(placements) > before else None
+
+    def host_taken(self, node: str, cpu_milli: int, memory_mib: int) -> None:
+        """Host CPU and memory used on ``node`` by work placed outside the core."""
+        fleet = self._planner.fleet
+        fleet.use_host(fleet.nodes[node], cpu_milli, memory_mib)
 
     def reason(self, job_id: int) -> str:
         return self._planner.result.pending.get(job_id, "")

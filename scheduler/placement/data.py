@@ -149,6 +149,11 @@ class Policy:
     backfill: bool = True
     default_max_runtime_ms: int = 24 * 3600 * 1000
     preempt_grace_ms: int = 30_000  # when a stopping job's GPUs are expected back
+    # Placement score (see .score): price per GPU-hour of each model (cheapest fitting model first for a job
+    # that names none; a missing model counts 0), and recent requests (any state) that give the workload's
+    # mix of shapes, on top of the queue itself.
+    model_price: dict[str, float] = field(default_factory=dict)
+    recent: tuple[Request, ...] = ()
 
     def runtime_ms(self, request: Request) -> int:
         return request.max_runtime_ms or self.default_max_runtime_ms
