@@ -72,6 +72,7 @@ class _Planner:
         self._preempt_failed: dict[tuple, int] = {}  # shape -> highest rank that found no victims
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
+        self.avoid_by_rank: dict[int, frozenset[str]] = {}
 
     # -- state of the fleet and tenants ----------------------------------------
     def _apply_running(self, nodes: list[NodeSlot], running: list[Running]) -> None:
@@ -113,15 +114,25 @@ class _Planner:
 
     # -- the pass --------------------------------------------------------------
     def learn(self, queue: list[Request]) -> None:
-        """The workload's mix from the recent requests and the queue; models constrained jobs in the
-        queue need are kept for them."""
+        """The workload's mix from the recent requests and the queue; per priority rank, the models that constrained
+        jobs of that rank or higher in the queue need (kept for them: a job of a higher class is never
+        moved by the wishes of a lower one)."""
         fleet = self.fleet
         for request in self.policy.recent:
             fleet.mix.add(request)
         for request in queue:
             fleet.mix.add(request)
         fleet.refresh_mix()
-        fleet.avoid = frozenset(m for r in queue for m in r.models)
+        named: dict[int, set[str]] = {}
+        for request in queue:
+            if request.models:
+                named.setdefault(request.rank, set()).update(request.models)
+        self.avoid_by_rank = {}
+        ranks = sorted({r.rank for r in queue} | set(named), reverse=True)
+        seen: set[str] = set()
+        for rank in ranks:
+            seen |= named.get(rank, set())
+            self.avoid_by_rank[rank] = frozenset(seen)
 
     def run(self, requests: Iterable[Request]) -> Plan:
         requests = list(requests)
@@ -194,6 +205,7 @@ class _Planner:
             pending[request.job_id] = reason
             return False
         end = self.now + self.policy.runtime_ms(request)
+        self.fleet.avoid = self.avoid_by_rank.get(request.rank, frozenset())
         if self._place(request, end):
             return True
         if self._wait_for_stopping(request) or self._preempt(request):

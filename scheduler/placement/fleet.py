@@ -325,7 +325,7 @@ class Fleet:
                     continue
                 looked = missed = 0
                 for node in bucket:
-                    if best is not None and (*model_key, 0, self.order[node.name]) >= best[0]:
+                    if best is not None and (*model_key, 0, 0, count != need, self.order[node.name]) >= best[0]:
                         break  # later in the order: no better than what we have
                     if not node.host_fits(request.cpu_milli, request.memory_mib):
                         missed += 1
@@ -340,11 +340,12 @@ class Fleet:
                     if len(gpus) < need:
                         continue
                     lost = self.scarce_lost(node, model, request, op)
-                    key = (*model_key, lost, self.order[node.name])
+                    strands = _strands(node, count - need, request)
+                    key = (*model_key, lost, strands, count != need, self.order[node.name])
                     if best is None or key < best[0]:
                         best = (key, node, gpus)
                     looked += 1
-                    if not lost or looked >= CANDIDATES_PER_BUCKET:
+                    if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                         break
         if best is None:
             return None
@@ -402,7 +403,8 @@ class Fleet:
         per_node = None if shared else self.idle_shared.gpus[model]
         for item in bucket:
             order = self.order[item.name if not shared else item.node]
-            if best[0] is not None and (*model_key, 0, order) >= best[0]:
+            exact = not shared or item.free_milli != request.share_milli
+            if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
                 return  # later in the order: no better than what we have
             if shared:
                 gpu = item if self._slice_fits(item, request, end_ms) else None
@@ -417,11 +419,12 @@ class Fleet:
                     return
                 continue
             lost = self.scarce_lost(self.nodes[gpu.node], model, request, ("share", gpu.free_milli, request.share_milli))
-            key = (*model_key, lost, order)
+            strands = 0 if shared else _strands(self.nodes[gpu.node], len(per_node[item.name]) - 1, request)
+            key = (*model_key, lost, strands, exact, order)
             if best[0] is None or key < best[0]:
                 best[0], best[1] = key, gpu
             looked += 1
-            if not lost or looked >= CANDIDATES_PER_BUCKET:
+            if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                 return
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
@@ -430,6 +433,19 @@ class Fleet:
         if not self.nodes[gpu.node].host_fits(request.cpu_milli, request.memory_mib):
             return False
         return self.usable(gpu, end_ms)
+
+
+def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
+    """1 if placing ``request`` leaves idle GPUs on ``node`` without the CPU or memory a GPU of this kind
+    of job needs (only when the node tracks host resources)."""
+    if not idle_left or not (node.cpu_milli or node.memory_mib):
+        return 0
+    per_gpu = max(1, request.count if not request.shared else 1)
+    cpu_left = node.cpu_milli - node.used_cpu_milli - request.cpu_milli
+    memory_left = node.memory_mib - node.used_memory_mib - request.memory_mib
+    if node.cpu_milli and cpu_left < idle_left * request.cpu_milli / per_gpu:
+        return 1
+    return int(bool(node.memory_mib) and memory_left < idle_left * request.memory_mib / per_gpu)
 
 
 def slice_memory(gpu: GpuSlot, request: Request) -> int:
