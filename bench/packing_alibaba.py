@@ -239,7 +239,12 @@ class FGD:
 
     @staticmethod
     def state(node: Node) -> tuple:
-        return (node.model, node.cpu - node.cpu_used, node.memory - node.memory_used, tuple(sorted(1000 - u for u in node.gpus)))
+        return (
+            node.model,
+            node.cpu - node.cpu_used,
+            node.memory - node.memory_used,
+            tuple(sorted(1000 - u for u in node.gpus)),
+        )
 
     def _put(self, node: Node) -> None:
         key = self.state(node)
@@ -347,9 +352,7 @@ def request_for(job_id: int, task: Task):
     )
 
 
-def replay(
-    policy: str, node_rows: list[tuple], arrived: list[Task], classes: list[tuple], cpu_only: str, history_tasks=()
-) -> Outcome:
+def replay(policy: str, node_rows: list[tuple], arrived: list[Task], classes: list[tuple], cpu_only: str) -> Outcome:
     """``cpu_only``: "own" (the policy places CPU-only tasks itself) or "first-fit" (every policy alike)."""
     from scheduler import placement
 
@@ -375,9 +378,7 @@ def replay(
             )
             for n in nodes
         ]
-        history = tuple(request_for(0, t) for t in history_tasks) if os.environ.get("HIST") else ()
-        session = placement.Session(slots, policy=placement.Policy(now_ms=0, recent=history))
-        session_nodes = {slot.name: slot for slot in slots}
+        session = placement.Session(slots, policy=placement.Policy(now_ms=0))
     elif policy == "fgd":
         fgd = FGD(nodes, classes)
     outcome = Outcome(policy)
@@ -535,18 +536,31 @@ def main(argv: list[str]) -> None:
     if args.quick:
         variants, seeds, cpu_only = QUICK_VARIANTS, 1, ("own",)
     else:
-        variants, seeds, cpu_only = tuple(args.variant or VARIANTS), args.seeds, tuple(args.cpu_only or ("own", "first-fit"))
+        variants, seeds, cpu_only = (
+            tuple(args.variant or VARIANTS),
+            args.seeds,
+            tuple(args.cpu_only or ("own", "first-fit")),
+        )
     started = time.perf_counter()
 
     def log(variant, shares, mode, outcomes):
-        print(line(variant, shares, mode, summarize({(variant, shares, mode, p): o for p, o in outcomes.items()})), flush=True)
+        print(
+            line(variant, shares, mode, summarize({(variant, shares, mode, p): o for p, o in outcomes.items()})),
+            flush=True,
+        )
 
     results = sweep(variants, tuple(args.shares or ("exact", "slices")), seeds, cpu_only, log=log)
     summary = summarize(results)
-    behind = [k for k in summary if k[3] == "gpushare" and any(
-        summary[k]["allocated_pct"] < summary[(*k[:3], p)]["allocated_pct"] - 1e-9 for p in POLICIES[1:])]
-    print(f"{len(summary) // len(POLICIES)} rows, gpushare behind the best baseline on {len(behind)}; "
-          f"{time.perf_counter() - started:.0f} s, {seeds} seed(s)")
+    behind = [
+        k
+        for k in summary
+        if k[3] == "gpushare"
+        and any(summary[k]["allocated_pct"] < summary[(*k[:3], p)]["allocated_pct"] - 1e-9 for p in POLICIES[1:])
+    ]
+    print(
+        f"{len(summary) // len(POLICIES)} rows, gpushare behind the best baseline on {len(behind)}; "
+        f"{time.perf_counter() - started:.0f} s, {seeds} seed(s)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,49 +34,72 @@ the same on 100 nodes as on 5,000.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from heapq import merge
 
 from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request
 from .score import Frag, Mix
 
 HOST_ONLY = ("host",)
-NOSCARCE = int(__import__("os").environ.get("NOSCARCE", 0))
 CANDIDATES_PER_BUCKET = 3  # fitting nodes of one bucket looked at for one with no scarce place lost
-MISSES_PER_BUCKET = int(__import__("os").environ.get("MISS", 8))  # nodes of a bucket too short of CPU/memory looked at before moving on (once a place is found)
+MISSES_PER_BUCKET = 32  # nodes of a bucket too short of CPU/memory looked at before moving on (once a place is found)
 ROOM_KEYS = 48  # room buckets (smallest room that fits first) looked at for a slice
 HOST_CANDIDATES = 16  # nodes looked at for a CPU-only request once a place is found
 
 
-class _Ordered:
-    """Items in the fleet's order."""
+def cpu_band(node: NodeSlot) -> int:
+    """Nodes are banded by free host CPU (powers of two of thousandths of a core): a request skips the
+    bands too small for it without looking at their nodes. Untracked CPU: the top band."""
+    if not node.cpu_milli:
+        return 64
+    return max(0, node.cpu_milli - node.used_cpu_milli).bit_length()
 
-    __slots__ = ("entries", "items")
+
+class _Ordered:
+    """Items in the fleet's order, banded by their node's free CPU."""
+
+    __slots__ = ("bands", "items", "size")
 
     def __init__(self):
-        self.entries: list[tuple[int, str]] = []
-        self.items: dict[str, tuple[tuple[int, str], object]] = {}
+        self.bands: dict[int, list[tuple[int, str]]] = {}
+        self.items: dict[str, tuple[int, tuple[int, str], object]] = {}
+        self.size = 0
 
-    def add(self, key: str, item, order: int) -> None:
+    def add(self, key: str, item, order: int, band: int) -> None:
         entry = (order, key)
-        insort(self.entries, entry)
-        self.items[key] = (entry, item)
+        insort(self.bands.setdefault(band, []), entry)
+        self.items[key] = (band, entry, item)
+        self.size += 1
 
     def remove(self, key: str) -> None:
-        entry, _ = self.items.pop(key)
-        del self.entries[bisect_left(self.entries, entry)]
+        band, entry, _ = self.items.pop(key)
+        entries = self.bands[band]
+        del entries[bisect_left(entries, entry)]
+        if not entries:
+            del self.bands[band]
+        self.size -= 1
+
+    def rekey(self, key: str, band: int) -> None:
+        old, entry, item = self.items[key]
+        if old != band:
+            self.remove(key)
+            self.add(key, item, entry[0], band)
 
     def __contains__(self, key: str) -> bool:
         return key in self.items
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return self.size
 
-    def first(self):
-        return self.items[self.entries[0][1]][1]
+    def bands_for(self, cpu_milli: int) -> list[list[tuple[int, str]]]:
+        """The bands whose nodes may have ``cpu_milli`` free (the ones below cannot), each in the fleet's
+        order: the first fit is the first fit of one of them."""
+        low = cpu_milli.bit_length() if cpu_milli > 0 else 0
+        return [entries for band, entries in self.bands.items() if band >= low]
 
     def __iter__(self):
         items = self.items
-        for _, key in self.entries:
-            yield items[key][1]
+        for _, key in merge(*self.bands.values()):
+            yield items[key][2]
 
 
 class _IdleIndex:
@@ -95,7 +118,7 @@ class _IdleIndex:
         if count:
             buckets[count].remove(node.name)
         per_node[gpu.uuid] = gpu
-        buckets[count + 1].add(node.name, node, self.order[node.name])
+        buckets[count + 1].add(node.name, node, self.order[node.name], cpu_band(node))
 
     def remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.get(gpu.model, {}).get(node.name)
@@ -106,7 +129,15 @@ class _IdleIndex:
         buckets[count].remove(node.name)
         del per_node[gpu.uuid]
         if count > 1:
-            buckets[count - 1].add(node.name, node, self.order[node.name])
+            buckets[count - 1].add(node.name, node, self.order[node.name], cpu_band(node))
+
+    def rekey(self, node: NodeSlot, models: list[str]) -> None:
+        """``node``'s free CPU changed: move it to its band in its buckets."""
+        band = cpu_band(node)
+        for model in models:
+            per_node = self.gpus.get(model, {}).get(node.name)
+            if per_node:
+                self.buckets[model][len(per_node)].rekey(node.name, band)
 
 
 class Fleet:
@@ -117,7 +148,7 @@ class Fleet:
         self.hosts = _Ordered()  # schedulable nodes with GPUs, for CPU-only requests
         for n in nodes:
             if n.gpus and n.schedulable:
-                self.hosts.add(n.name, n, self.order[n.name])
+                self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
         # The score (see .score): the workload's mix, fragmentation against its scarce classes, prices per
         # GPU of a model, models kept for constrained work (``avoid``: named by constrained jobs in the
         # queue; ``needed``: by the recent mix).
@@ -172,7 +203,7 @@ class Fleet:
         if bucket is None:
             bucket = buckets[free] = _Ordered()
             insort(self.room_keys.setdefault(gpu.model, []), free)
-        bucket.add(gpu.uuid, gpu, self.order[gpu.node])
+        bucket.add(gpu.uuid, gpu, self.order[gpu.node], cpu_band(self.nodes[gpu.node]))
 
     def _room_drop(self, gpu: GpuSlot) -> None:
         buckets = self.room.get(gpu.model)
@@ -187,9 +218,21 @@ class Fleet:
 
     # -- changes ---------------------------------------------------------------
     def use_host(self, node: NodeSlot, cpu_milli: int, memory_mib: int) -> None:
-        """Host CPU and memory taken on ``node``."""
+        """Host CPU and memory taken on ``node``; its entries move to their new CPU band."""
         node.used_cpu_milli += cpu_milli
         node.used_memory_mib += memory_mib
+        if not cpu_milli or not node.cpu_milli:
+            return
+        band = cpu_band(node)
+        if node.name in self.hosts:
+            self.hosts.rekey(node.name, band)
+        models = self._node_models(node)
+        self.idle_dedicated.rekey(node, models)
+        self.idle_shared.rekey(node, models)
+        for gpu in node.gpus:
+            bucket = self.room.get(gpu.model, {}).get(gpu.free_milli)
+            if bucket is not None and gpu.uuid in bucket:
+                bucket.rekey(gpu.uuid, band)
 
     def take_host(self, node: NodeSlot, request: Request) -> None:
         self.use_host(node, request.cpu_milli, request.memory_mib)
@@ -268,16 +311,14 @@ class Fleet:
         key = (node.name, model)
         frees = self._frees.get(key)
         if frees is None:
-            frees = self._frees[key] = tuple(
-                sorted(g.free_milli for g in node.gpus if g.model == model and g.healthy)
-            )
+            frees = self._frees[key] = tuple(sorted(g.free_milli for g in node.gpus if g.model == model and g.healthy))
         return frees
 
     def scarce_lost(self, node: NodeSlot, model: str, request: Request, op: tuple) -> int:
         """1 if ``request`` taking ``op`` on ``node`` grows its fragmentation against the scarce classes
         of the mix (it takes away a place they need), else 0 (see :meth:`.score.Frag.delta`)."""
         mix = self.mix
-        if not mix.scarce or NOSCARCE:
+        if not mix.scarce:
             return 0
         frees = self.frees(node, model)
         smallest = mix.scarce_smallest.get(model, mix.scarce_smallest.get("", 0))
@@ -321,32 +362,35 @@ class Fleet:
             op = ("whole", need)
             for count in range(need, len(buckets)):
                 bucket = buckets[count]
-                if not bucket.entries:
+                if not bucket.size:
                     continue
-                looked = missed = 0
-                for node in bucket:
-                    if best is not None and (*model_key, 0, 0, count != need, self.order[node.name]) >= best[0]:
-                        break  # later in the order: no better than what we have
-                    if not node.host_fits(request.cpu_milli, request.memory_mib):
-                        missed += 1
-                        if missed >= MISSES_PER_BUCKET and best is not None:
+                items = bucket.items
+                for entries in bucket.bands_for(request.cpu_milli):
+                    looked = missed = 0
+                    for order, name in entries:
+                        if best is not None and (*model_key, 0, 0, count != need, order) >= best[0]:
+                            break  # later in the order: no better than what we have
+                        node = items[name][2]
+                        if not node.host_fits(request.cpu_milli, request.memory_mib):
+                            missed += 1
+                            if missed >= MISSES_PER_BUCKET and best is not None:
+                                break
+                            continue
+                        gpus = [
+                            g
+                            for g in per_node[name].values()
+                            if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
+                        ]
+                        if len(gpus) < need:
+                            continue
+                        lost = self.scarce_lost(node, model, request, op)
+                        strands = _strands(node, count - need, request)
+                        key = (*model_key, lost, strands, count != need, order)
+                        if best is None or key < best[0]:
+                            best = (key, node, gpus)
+                        looked += 1
+                        if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                             break
-                        continue
-                    gpus = [
-                        g
-                        for g in per_node[node.name].values()
-                        if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
-                    ]
-                    if len(gpus) < need:
-                        continue
-                    lost = self.scarce_lost(node, model, request, op)
-                    strands = _strands(node, count - need, request)
-                    key = (*model_key, lost, strands, count != need, self.order[node.name])
-                    if best is None or key < best[0]:
-                        best = (key, node, gpus)
-                    looked += 1
-                    if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
-                        break
         if best is None:
             return None
         node, gpus = best[1], best[2]
@@ -359,19 +403,22 @@ class Fleet:
         for node in self.cpu_nodes:
             if node.schedulable and node.host_fits(request.cpu_milli, request.memory_mib):
                 return node, []
-        best: tuple[int, NodeSlot] | None = None
-        looked = 0
-        for node in self.hosts:
-            if not node.host_fits(request.cpu_milli, request.memory_mib):
-                continue
-            lost = max((self.scarce_lost(node, m, request, HOST_ONLY) for m in self._node_models(node)), default=0)
-            if not lost:
-                return node, []
-            if best is None:
-                best = (lost, node)
-            looked += 1
-            if looked >= HOST_CANDIDATES:
-                break
+        best: tuple[tuple[int, int], NodeSlot] | None = None
+        items = self.hosts.items
+        for entries in self.hosts.bands_for(request.cpu_milli):
+            looked = 0
+            for order, name in entries:
+                if best is not None and (0, order) >= best[0]:
+                    break
+                node = items[name][2]
+                if not node.host_fits(request.cpu_milli, request.memory_mib):
+                    continue
+                lost = max((self.scarce_lost(node, m, request, HOST_ONLY) for m in self._node_models(node)), default=0)
+                if best is None or (lost, order) < best[0]:
+                    best = ((lost, order), node)
+                looked += 1
+                if not lost or looked >= HOST_CANDIDATES:
+                    break
         return (best[1], []) if best else None
 
     def find_shared(self, request: Request, end_ms: float) -> GpuSlot | None:
@@ -392,40 +439,45 @@ class Fleet:
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
                 for count in range(1, len(buckets)):
-                    if buckets[count].entries:
+                    if buckets[count].size:
                         self._slice_scan(buckets[count], model, model_key, request, end_ms, best, shared=False)
         return best[1]
 
     def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
         order, scored into ``best`` (stops at the first that loses no scarce place)."""
-        looked = missed = 0
         per_node = None if shared else self.idle_shared.gpus[model]
-        for item in bucket:
-            order = self.order[item.name if not shared else item.node]
-            exact = not shared or item.free_milli != request.share_milli
-            if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
-                return  # later in the order: no better than what we have
-            if shared:
-                gpu = item if self._slice_fits(item, request, end_ms) else None
-            else:
-                gpus = per_node[item.name].values()
-                gpu = next((g for g in gpus if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms)), None)
+        items = bucket.items
+        for entries in bucket.bands_for(request.cpu_milli):
+            looked = missed = 0
+            for order, name in entries:
+                item = items[name][2]
+                exact = not shared or item.free_milli != request.share_milli
+                if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
+                    break  # later in the order: no better than what we have
+                if shared:
+                    gpu = item if self._slice_fits(item, request, end_ms) else None
+                else:
+                    gpus = per_node[name].values()
+                    gpu = next(
+                        (g for g in gpus if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms)), None
+                    )
+                    if gpu is None:
+                        gpu = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
                 if gpu is None:
-                    gpu = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
-            if gpu is None:
-                missed += 1
-                if missed >= MISSES_PER_BUCKET and best[0] is not None:
-                    return
-                continue
-            lost = self.scarce_lost(self.nodes[gpu.node], model, request, ("share", gpu.free_milli, request.share_milli))
-            strands = 0 if shared else _strands(self.nodes[gpu.node], len(per_node[item.name]) - 1, request)
-            key = (*model_key, lost, strands, exact, order)
-            if best[0] is None or key < best[0]:
-                best[0], best[1] = key, gpu
-            looked += 1
-            if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
-                return
+                    missed += 1
+                    if missed >= MISSES_PER_BUCKET and best[0] is not None:
+                        break
+                    continue
+                node = self.nodes[gpu.node]
+                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
+                strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
+                key = (*model_key, lost, strands, exact, order)
+                if best[0] is None or key < best[0]:
+                    best[0], best[1] = key, gpu
+                looked += 1
+                if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
+                    break
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
         if gpu.memory_mb - gpu.used_memory_mb < slice_memory(gpu, request):
