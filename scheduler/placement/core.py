@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from . import fairshare
 from .data import (
     DEDICATED_ONLY,
+    MIG_FIT,
     SHARED_ONLY,
     WHOLE,
     NodeSlot,
@@ -35,6 +36,8 @@ from .data import (
     Preemption,
     Request,
     Running,
+    mig_need,
+    mig_take,
 )
 from .fleet import Fleet, slice_memory
 from .preempt import victims_choose, victims_eligible
@@ -78,6 +81,16 @@ class _Planner:
     def _apply_running(self, nodes: list[NodeSlot], running: list[Running]) -> None:
         gpus = {g.uuid: g for n in nodes for g in n.gpus}
         by_name = {n.name: n for n in nodes}
+        for gpu in gpus.values():
+            if gpu.mig is not None:
+                gpu.mig_free = sorted(gpu.mig)
+        # MIG instances held by running slices: the smallest that holds each, in start order (as the agent
+        # picked them when they launched).
+        for job in sorted(running, key=lambda j: (j.started_ms, j.job_id)):
+            if job.share_milli < WHOLE and len(job.gpu_uuids) == 1:
+                gpu = gpus.get(job.gpu_uuids[0])
+                if gpu is not None and gpu.mig is not None:
+                    mig_take(gpu, job.share_milli)
         for job in running:
             for uuid in job.gpu_uuids:
                 gpu = gpus.get(uuid)
@@ -308,6 +321,7 @@ class _Planner:
         if not models:
             return f"no schedulable {what} in the fleet"
         best = 0
+        mig_too_small = False
         for node in self.fleet.nodes.values():
             if not node.schedulable or (node.cpu_milli and node.cpu_milli < request.cpu_milli):
                 continue
@@ -318,6 +332,11 @@ class _Planner:
                 if gpu.model not in models or not gpu.healthy:
                     continue
                 if request.shared:
+                    if gpu.mig is not None and max((m for m, _ in gpu.mig), default=0) < mig_need(
+                        gpu, request.share_milli
+                    ):
+                        mig_too_small = True
+                        continue
                     if gpu.reservation != DEDICATED_ONLY and gpu.memory_mb >= slice_memory(gpu, request):
                         return ""
                 elif gpu.reservation != SHARED_ONLY and gpu.memory_mb >= request.gpu_memory_mb:
@@ -326,6 +345,11 @@ class _Planner:
             if best >= request.count and not request.shared:
                 return ""
         if request.shared:
+            if mig_too_small:
+                return (
+                    f"no MIG instance in the fleet holds a {request.share_milli / WHOLE:g} slice "
+                    f"(it needs {MIG_FIT:.0%} of the slice's memory), and no {what} without MIG is open to slices"
+                )
             return f"no schedulable {what} is open to shared slices"
         return f"no node has {request.count} {what}s for dedicated use (at most {best} on one node)"
 
@@ -334,8 +358,30 @@ class _Planner:
             return "waiting for CPU and memory on a node to free up"
         model = f"{' or '.join(request.models)} " if request.models else ""
         if request.shared:
+            profile = self._mig_wait(request)
+            if profile:
+                return f"no free MIG instance of {profile} or larger"
             return f"waiting for {request.share_milli / WHOLE:g} of a {model}GPU to free up"
         return f"waiting for {request.count} free whole {model}GPU(s) on one node"
+
+    def _mig_wait(self, request: Request) -> str:
+        """When every GPU that could take the slice is in MIG mode: the profile of the smallest instance
+        that would hold it (the slice waits for one of those to free up); else ""."""
+        models = set(self.fleet.models_for(request))
+        smallest: tuple[int, str] | None = None
+        for node in self.fleet.nodes.values():
+            if not node.schedulable:
+                continue
+            for gpu in node.gpus:
+                if gpu.model not in models or not gpu.healthy or gpu.reservation == DEDICATED_ONLY:
+                    continue
+                if gpu.mig is None:
+                    return ""
+                need = mig_need(gpu, request.share_milli)
+                fits = [i for i in gpu.mig if i[0] >= need]
+                if fits and (smallest is None or min(fits) < smallest):
+                    smallest = min(fits)
+        return smallest[1] if smallest else ""
 
     def _fits_ignoring_reservations(self, request: Request) -> bool:
         shape = request.shape()

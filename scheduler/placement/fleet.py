@@ -24,8 +24,14 @@ compared in order (see :mod:`.score` for the terms that read the workload):
    FGD-style, against the classes that have fewer places left than requests
    expected: the largest gangs, typically), so the few nodes that can host
    them are broken last;
-4. the fleet's order (first fit): load goes to the front of the fleet, the
-   rest stays whole for what comes next.
+4. not leaving idle GPUs on the node without the CPU or memory to use them
+   ("stranded", for jobs like this one);
+5. an exact fit (the gang fills the node's idle GPUs; the slice fills the
+   GPU's room) before a partial one;
+6. the fleet's order (first fit): load goes to the front of the fleet, the
+   rest stays whole for what comes next;
+7. on one node, the smaller card (for slices and for work that names no
+   model when no price tells them apart).
 
 The terms read indexes and memoised fragmentation, so a decision costs about
 the same on 100 nodes as on 5,000.
@@ -36,7 +42,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from heapq import merge
 
-from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request
+from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
 from .score import Frag, Mix
 
 HOST_ONLY = ("host",)
@@ -253,6 +259,8 @@ class Fleet:
             self._room_drop(gpu)
         gpu.used_milli += request.share_milli
         gpu.used_memory_mb += slice_memory(gpu, request)
+        if gpu.mig is not None:
+            mig_take(gpu, request.share_milli)
         self._frees.pop((node.name, gpu.model), None)
         self.use_host(node, request.cpu_milli, request.memory_mib)
         self._room_put(gpu)
@@ -385,7 +393,7 @@ class Fleet:
                             continue
                         lost = self.scarce_lost(node, model, request, op)
                         strands = _strands(node, count - need, request)
-                        key = (*model_key, lost, strands, count != need, order)
+                        key = (*model_key, lost, strands, count != need, order, self.model_memory[model])
                         if best is None or key < best[0]:
                             best = (key, node, gpus)
                         looked += 1
@@ -472,7 +480,7 @@ class Fleet:
                 node = self.nodes[gpu.node]
                 lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
                 strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
-                key = (*model_key, lost, strands, exact, order)
+                key = (*model_key, lost, strands, exact, order, self.model_memory[model])
                 if best[0] is None or key < best[0]:
                     best[0], best[1] = key, gpu
                 looked += 1
@@ -482,6 +490,8 @@ class Fleet:
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
         if gpu.memory_mb - gpu.used_memory_mb < slice_memory(gpu, request):
             return False
+        if gpu.mig is not None and (not gpu.mig_free or gpu.mig_free[-1][0] < mig_need(gpu, request.share_milli)):
+            return False  # MIG: only a free instance that holds the slice
         if not self.nodes[gpu.node].host_fits(request.cpu_milli, request.memory_mib):
             return False
         return self.usable(gpu, end_ms)
