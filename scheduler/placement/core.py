@@ -76,6 +76,7 @@ class _Planner:
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
         self.avoid_by_rank: dict[int, frozenset[str]] = {}
+        self._unlearned: dict[int, list[Request]] = {}
 
     # -- state of the fleet and tenants ----------------------------------------
     def _apply_running(self, nodes: list[NodeSlot], running: list[Running]) -> None:
@@ -127,15 +128,17 @@ class _Planner:
 
     # -- the pass --------------------------------------------------------------
     def learn(self, queue: list[Request]) -> None:
-        """The workload's mix from the recent requests and the queue; per priority rank, the models that constrained
-        jobs of that rank or higher in the queue need (kept for them: a job of a higher class is never
-        moved by the wishes of a lower one)."""
+        """The workload's mix from the recent requests and the queue; per priority rank, the models that
+        constrained jobs of that rank or higher in the queue need. A request is placed against the mix of
+        the queue's requests of its rank or higher only (see :meth:`_learn_rank`): a job of a higher class
+        is never moved by the wishes of a lower one."""
         fleet = self.fleet
         for request in self.policy.recent:
             fleet.mix.add(request)
-        for request in queue:
-            fleet.mix.add(request)
         fleet.refresh_mix()
+        self._unlearned: dict[int, list[Request]] = {}  # queued requests by rank, added to the mix rank by rank
+        for request in queue:
+            self._unlearned.setdefault(request.rank, []).append(request)
         named: dict[int, set[str]] = {}
         for request in queue:
             if request.models:
@@ -146,6 +149,16 @@ class _Planner:
         for rank in ranks:
             seen |= named.get(rank, set())
             self.avoid_by_rank[rank] = frozenset(seen)
+
+    def _learn_rank(self, rank: int) -> None:
+        """Add the queued requests of ``rank`` and above to the mix (once)."""
+        higher = [r for r in self._unlearned if r >= rank]
+        if not higher:
+            return
+        for r in higher:
+            for request in self._unlearned.pop(r):
+                self.fleet.mix.add(request)
+        self.fleet.refresh_mix()
 
     def run(self, requests: Iterable[Request]) -> Plan:
         requests = list(requests)
@@ -218,6 +231,8 @@ class _Planner:
             pending[request.job_id] = reason
             return False
         end = self.now + self.policy.runtime_ms(request)
+        if self._unlearned:
+            self._learn_rank(request.rank)
         self.fleet.avoid = self.avoid_by_rank.get(request.rank, frozenset())
         if self._place(request, end):
             return True

@@ -26,8 +26,9 @@ compared in order (see :mod:`.score` for the terms that read the workload):
    them are broken last;
 4. not leaving idle GPUs on the node without the CPU or memory to use them
    ("stranded", for jobs like this one);
-5. an exact fit (the gang fills the node's idle GPUs; the slice fills the
-   GPU's room) before a partial one;
+5. the fit: an exact one (the gang fills the node's idle GPUs; the slice
+   fills the GPU's room), then a partly used node, and only then a node
+   with every GPU idle (kept whole for gangs);
 6. the fleet's order (first fit): load goes to the front of the fleet, the
    rest stays whole for what comes next;
 7. on one node, the smaller card (for slices and for work that names no
@@ -393,7 +394,8 @@ class Fleet:
                             continue
                         lost = self.scarce_lost(node, model, request, op)
                         strands = _strands(node, count - need, request)
-                        key = (*model_key, lost, strands, count != need, order, self.model_memory[model])
+                        fit = 0 if count == need else 2 if count == len(self.frees(node, model)) else 1
+                        key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                         if best is None or key < best[0]:
                             best = (key, node, gpus)
                         looked += 1
@@ -480,7 +482,10 @@ class Fleet:
                 node = self.nodes[gpu.node]
                 lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
                 strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
-                key = (*model_key, lost, strands, exact, order, self.model_memory[model])
+                fit = exact
+                if not shared and len(per_node[name]) == len(self.frees(node, model)):
+                    fit = 2  # the first slice on a node with every GPU idle: breaks a whole node
+                key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                 if best[0] is None or key < best[0]:
                     best[0], best[1] = key, gpu
                 looked += 1
