@@ -75,7 +75,7 @@ class _Planner:
         self._preempt_failed: dict[tuple, int] = {}  # shape -> highest rank that found no victims
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
-        self.avoid_by_rank: dict[int, frozenset[str]] = {}
+        self._named: dict[int, dict[str, int]] = {}
         self._unlearned: dict[int, list[Request]] = {}
 
     # -- state of the fleet and tenants ----------------------------------------
@@ -139,16 +139,16 @@ class _Planner:
         self._unlearned: dict[int, list[Request]] = {}  # queued requests by rank, added to the mix rank by rank
         for request in queue:
             self._unlearned.setdefault(request.rank, []).append(request)
-        named: dict[int, set[str]] = {}
+        # rank -> model -> constrained requests of that rank naming it that are not placed (yet)
+        self._named: dict[int, dict[str, int]] = {}
         for request in queue:
-            if request.models:
-                named.setdefault(request.rank, set()).update(request.models)
-        self.avoid_by_rank = {}
-        ranks = sorted({r.rank for r in queue} | set(named), reverse=True)
-        seen: set[str] = set()
-        for rank in ranks:
-            seen |= named.get(rank, set())
-            self.avoid_by_rank[rank] = frozenset(seen)
+            for model in request.models:
+                per_rank = self._named.setdefault(request.rank, {})
+                per_rank[model] = per_rank.get(model, 0) + 1
+
+    def _avoid(self, rank: int) -> frozenset[str]:
+        """Models that constrained requests of ``rank`` or higher, still waiting, name."""
+        return frozenset(m for r, named in self._named.items() if r >= rank for m, n in named.items() if n > 0)
 
     def _learn_rank(self, rank: int) -> None:
         """Add the queued requests of ``rank`` and above to the mix (once)."""
@@ -233,8 +233,12 @@ class _Planner:
         end = self.now + self.policy.runtime_ms(request)
         if self._unlearned:
             self._learn_rank(request.rank)
-        self.fleet.avoid = self.avoid_by_rank.get(request.rank, frozenset())
+        self.fleet.avoid = self._avoid(request.rank) if self._named else frozenset()
         if self._place(request, end):
+            if request.models and request.rank in self._named:
+                named = self._named[request.rank]
+                for model in request.models:
+                    named[model] -= 1
             return True
         if self._wait_for_stopping(request) or self._preempt(request):
             return False

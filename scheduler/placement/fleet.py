@@ -15,9 +15,9 @@ A GPU is in an index only while its node is schedulable and it is healthy.
 **The choice.** Of the places a request fits, the one with the lowest score,
 compared in order (see :mod:`.score` for the terms that read the workload):
 
-1. *model tier*: for work that names no model, a model that constrained work
-   needs (named by a constrained job in the queue, or whose free capacity the
-   recent constrained demand would take) comes last;
+1. *model tier*: for work that names no model, a model that a constrained
+   job waiting in the queue (of its class or higher) names comes last, and
+   before it one whose free capacity the recent constrained demand would take;
 2. *price*: the cheaper model per GPU-hour first (``Policy.model_price``);
 3. *scarce places lost*: whether the placement takes away a place that a
    scarce class of the workload's mix needs (the growth of fragmentation,
@@ -345,10 +345,11 @@ class Fleet:
         return 1 if grow > 0 else 0
 
     def _model_key(self, model: str, request: Request) -> tuple[int, float]:
-        """Tier (1: work that could run anywhere, on a model constrained work needs) and price."""
+        """Tier (for work that could run anywhere: 2 on a model a waiting constrained job needs, 1 on one the
+        recent constrained demand needs, else 0) and price."""
         tier = 0
-        if not request.models and (model in self.avoid or model in self.needed):
-            tier = 1
+        if not request.models:
+            tier = 2 if model in self.avoid else 1 if model in self.needed else 0
         return tier, self.price.get(model, 0.0)
 
     # -- the choice ------------------------------------------------------------------
