@@ -288,10 +288,10 @@ class Fleet:
         has, which models constrained work needs)."""
         mix = self.mix
         mix.refresh()  # the classes first, then their places
-        gangs = {(c[1], tuple(sorted(c[5]))): c for c in mix.classes if c[1] >= 2}
+        gangs = {i: c for i, c in enumerate(mix.classes) if c[1] >= 2}
         model_free: dict[str, int] = {}
         free_total = 0
-        places: dict[tuple, int] = dict.fromkeys(gangs, 0)
+        places = [0] * len(mix.classes)
         for node in self.hosts:
             for model in self._node_models(node):
                 frees = self.frees(node, model)

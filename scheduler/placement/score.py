@@ -36,6 +36,7 @@ from .data import WHOLE, Request
 MAX_CLASSES = 12  # the heaviest classes kept (the rest, rare shapes, are dropped)
 REFRESH_EVERY = 512  # requests seen between two recomputations of the classes
 HALF_LIFE = 4096  # requests: older ones count half
+SCARCE_AT = 1.0  # a gang class is scarce once its expected requests reach its places
 SCARCE_CAP = 8.0  # a class's weight is raised at most this much for being scarce
 NEEDED_FRACTION = 0.5  # a model is kept for constrained work when it would need this much of its free capacity
 
@@ -43,11 +44,15 @@ NEEDED_FRACTION = 0.5  # a model is kept for constrained work when it would need
 SAMPLES = 64  # recent members per class whose median CPU, memory and share stand for the class
 
 
-def class_key(request: Request) -> tuple[int, int, tuple[str, ...]]:
-    """(GPUs, per-GPU share rounded up to a tenth, allowed models); CPU-only work is (0, 0, ())."""
+def class_key(request: Request) -> tuple[int, int, tuple[str, ...], int]:
+    """(GPUs, per-GPU share rounded up to a tenth, allowed models, host CPU band); CPU-only work is
+    (0, 0, (), 0). Gangs are told apart by the CPU they ask for (powers of two): the largest need the few
+    nodes with the most CPU."""
     if request.shared:
-        return (1, -(-request.share_milli // 100) * 100, request.models)
-    return (request.count, WHOLE if request.count else 0, request.models)
+        return (1, -(-request.share_milli // 100) * 100, request.models, 0)
+    if request.count >= 2:
+        return (request.count, WHOLE, request.models, request.cpu_milli.bit_length())
+    return (request.count, WHOLE if request.count else 0, request.models, 0)
 
 
 class Mix:
@@ -87,9 +92,9 @@ class Mix:
     def due(self) -> bool:
         return self.seen >= self._next_refresh
 
-    def refresh(self, places: dict[tuple, int] | None = None, free_milli: int = 0) -> None:
-        """Recompute the classes. ``places``: (GPUs, sorted models) of a gang class -> how many of it
-        the fleet can host now; ``free_milli``: the fleet's free GPU capacity."""
+    def refresh(self, places: list[int] | None = None, free_milli: int = 0) -> None:
+        """Recompute the classes. ``places``: how many of each class (as the previous refresh listed them)
+        the fleet can host now (gangs only); ``free_milli``: the fleet's free GPU capacity."""
         self._next_refresh = self.seen + (self.seen if self.seen < REFRESH_EVERY else REFRESH_EVERY)
         self.version += 1
         total = sum(self.weights.values())
@@ -100,8 +105,8 @@ class Mix:
         demand = sum(w * k[0] * k[1] for k, w in self.weights.items()) / total  # mean thousandths per request
         classes = []
         scarcity = []
-        for key, w in heaviest:
-            count, milli, models = key
+        for index, (key, w) in enumerate(heaviest):
+            count, milli, models, _ = key
             samples = self.samples[key]
             mid = len(samples) // 2
             cpu = sorted(x[0] for x in samples)[mid]
@@ -110,11 +115,13 @@ class Mix:
                 milli = sorted(x[2] for x in samples)[mid]
             share = w / total
             boost = 1.0
+            expected_ratio = 0.0
             if places is not None and count >= 2 and demand:
                 expected = share * free_milli / demand  # requests of this class still to come, roughly
-                boost = min(SCARCE_CAP, max(1.0, expected / max(1, places.get((count, tuple(sorted(models))), 0))))
+                expected_ratio = expected / max(1, places[index] if index < len(places) else 0)
+                boost = min(SCARCE_CAP, max(1.0, expected_ratio))
             classes.append((share * boost, count, milli, cpu, memory, frozenset(models)))
-            scarcity.append(boost > 1.0)
+            scarcity.append(places is not None and count >= 2 and demand and expected_ratio >= SCARCE_AT)
         self.classes = classes
         # The scarce classes: fewer places left than requests of them expected. The fragmentation the
         # core scores is against these.
@@ -132,7 +139,7 @@ class Mix:
         self.memory_levels = sorted({c[4] for c in self.scarce})
         constrained: dict[str, float] = {}
         gpu_total = sum(w * k[0] * k[1] for k, w in self.weights.items()) or 1.0
-        for (count, milli, models), w in self.weights.items():
+        for (count, milli, models, _), w in self.weights.items():
             if models and count:
                 for model in models:
                     constrained[model] = constrained.get(model, 0.0) + w * count * milli / len(models) / gpu_total
