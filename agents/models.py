@@ -65,6 +65,9 @@ class Gpu(models.Model):
     memory_mb = models.PositiveIntegerField()
     mig_mode = models.BooleanField(default=False)
     isolation = models.CharField(max_length=8, default="none")  # what a slice here gets: mig | mps | none
+    # MIG mode: the instances reported at registration, smallest first: [{uuid, memory_mb, profile}]
+    # (agents.agent.gpus.mig_layout). The scheduler places a slice only where one holds it.
+    mig_instances = models.JSONField(default=list, blank=True)
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.OK)
     health_reason = models.CharField(max_length=200, blank=True)
     reservation = models.CharField(max_length=16, choices=Reservation.choices, default=Reservation.ANY)

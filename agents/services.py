@@ -18,6 +18,7 @@ from scheduler import services as scheduler_services
 from scheduler.models import ACTIVE_STATES, Job
 
 from .agent.address import address_valid
+from .agent.gpus import mig_layout
 from .agent.health import event_describe, event_is_application_error, event_takes_gpu_out
 from .dispatch import node_send
 from .models import Gpu, GpuOutage, LinkRefusal, Node
@@ -145,6 +146,7 @@ def node_register(*, node: Node, info: dict) -> Node:
                 "memory_mb": int(gpu["memory_mb"]),
                 "mig_mode": bool(gpu.get("mig_mode", False)),
                 "isolation": str(gpu.get("isolation", "none"))[:8],
+                "mig_instances": mig_layout(gpu),
             },
         )
     gone = node.gpus.exclude(uuid__in=seen)

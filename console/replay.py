@@ -12,7 +12,8 @@ from django_scopes import scopes_disabled
 from agents.models import Gpu
 from scheduler import placement
 from scheduler.models import MILLI_PER_GPU, JobMode, PriorityClass, TenantShare
-from scheduler.passes import settings_get
+from scheduler.passes import mig_slots, settings_get
+from scheduler.selectors import model_prices
 
 from . import selectors, whatif
 from .rules import ClassDraft, RuleSet
@@ -64,6 +65,7 @@ def fleet_now() -> list[placement.NodeSlot]:
                 memory_mb=gpu.memory_mb,
                 reservation=gpu.reservation,
                 healthy=gpu.health == Gpu.Health.OK,
+                mig=mig_slots(gpu.mig_mode, gpu.mig_instances),
             )
         )
     return list(nodes.values())
@@ -118,6 +120,7 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
         # as scheduler.passes does: a stopping job's GPUs are expected back after the longest grace
         preempt_grace_ms=max((c.grace_period_s for c in rules.classes), default=30) * 1000,
         limits=limits_now(),
+        model_price=model_prices(at=timezone.now()),
     )
 
 

@@ -66,6 +66,9 @@ class Rules:
     preempt_grace_ms: int = 30_000
     # Tenants' concurrent caps (dedicated GPUs, shared thousandths), as they are now.
     limits: dict[str, placement.Limits] = field(default_factory=dict)
+    # Price of a dedicated GPU-hour per model, as the scheduler's pass reads it (the placement score's
+    # price term: the cheapest fitting model first for a job that names none).
+    model_price: dict[str, float] = field(default_factory=dict)
 
     def class_of(self, job: HistoryJob) -> str:
         return job.priority
@@ -137,6 +140,7 @@ def fleet_copy(nodes: list[placement.NodeSlot]) -> list[placement.NodeSlot]:
                     memory_mb=g.memory_mb,
                     reservation=g.reservation,
                     healthy=g.healthy,
+                    mig=g.mig,
                 )
                 for g in n.gpus
             ],
@@ -173,6 +177,7 @@ def policy_for(rules: Rules, *, now_ms: int, usage: dict[str, float]) -> placeme
         default_max_runtime_ms=rules.default_max_runtime_ms,
         preempt_grace_ms=rules.preempt_grace_ms,
         limits=dict(rules.limits),
+        model_price=dict(rules.model_price),
     )
 
 

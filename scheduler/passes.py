@@ -160,8 +160,11 @@ def _fleet() -> tuple[list[placement.NodeSlot], dict[str, tuple[int, int, str]]]
         "node_id",
         "node__name",
         "node__state",
+        "mig_mode",
+        "mig_instances",
     )
-    for gpu_id, uuid, model, memory, reservation, health, isolation, node_id, node_name, node_state in rows:
+    for row in rows:
+        gpu_id, uuid, model, memory, reservation, health, isolation, node_id, node_name, node_state = row[:10]
         node = nodes.get(node_id)
         if node is None:
             node = nodes[node_id] = placement.NodeSlot(name=node_name, schedulable=node_state == Node.State.UP)
@@ -173,10 +176,19 @@ def _fleet() -> tuple[list[placement.NodeSlot], dict[str, tuple[int, int, str]]]
                 memory_mb=memory,
                 reservation=reservation,
                 healthy=health == Gpu.Health.OK,
+                mig=mig_slots(*row[10:]),
             )
         )
         gpus[uuid] = (gpu_id, node_id, isolation)
     return list(nodes.values()), gpus
+
+
+def mig_slots(mig_mode: bool, instances) -> tuple[tuple[int, str], ...] | None:
+    """A GPU's MIG instances as the core takes them ((memory MiB, profile), smallest first); None when
+    the GPU is not in MIG mode."""
+    if not mig_mode:
+        return None
+    return tuple(sorted((int(i["memory_mb"]), str(i.get("profile", ""))) for i in instances or ()))
 
 
 def _running(classes: dict[int, PriorityClass], conf: SchedulerSettings, now_ms: int) -> list[placement.Running]:
@@ -328,6 +340,7 @@ def schedule_pass(*, now=None) -> PassResult:
         backfill=conf.backfill,
         default_max_runtime_ms=conf.default_max_runtime_s * 1000,
         preempt_grace_ms=max((c.grace_period_s for c in classes.values()), default=30) * 1000,
+        **placement_inputs(now),
     )
     requests = [_request(row, classes) for row in queued]
     timings = {"read": time.perf_counter() - started}
@@ -347,6 +360,28 @@ def schedule_pass(*, now=None) -> PassResult:
     )
     transaction.on_commit(lambda: timings.setdefault("dispatch_started", time.perf_counter() - started))
     return result
+
+
+def placement_inputs(now) -> dict:
+    """What the placement score reads besides the queue (see :mod:`scheduler.placement.score`): model
+    prices and the recent mix of request shapes. The console's what-if passes the same."""
+    from .selectors import model_prices, recent_shapes
+
+    recent = tuple(
+        placement.Request(
+            job_id=0,
+            tenant="",
+            rank=0,
+            submitted_ms=0,
+            shared=mode == JobMode.SHARED,
+            count=1 if mode == JobMode.SHARED else max(1, milli // MILLI_PER_GPU),
+            share_milli=milli if mode == JobMode.SHARED else MILLI_PER_GPU,
+            gpu_model=model,
+            gpu_memory_mb=memory or 0,
+        )
+        for mode, milli, model, memory in recent_shapes()
+    )
+    return {"model_price": model_prices(at=now), "recent": recent}
 
 
 def _request(row: tuple, classes: dict[int, PriorityClass]) -> placement.Request:

@@ -51,6 +51,34 @@ class GpuInfo:
         }
 
 
+def mig_profile(instance_mb: int, gpu_mb: int) -> str:
+    """NVIDIA's name for a MIG instance of ``instance_mb`` on a GPU of ``gpu_mb``: compute slices and
+    nominal memory, e.g. "3g.40gb" for half of an 80 GB card (1/8: 1g, 1/4: 2g, 1/2: 3g, all: 7g)."""
+    if gpu_mb <= 0 or instance_mb <= 0:
+        return ""
+    eighths = max(1, min(8, round(8 * instance_mb / gpu_mb)))
+    nominal = max(8, round(gpu_mb / 1024 / 8) * 8)  # 81,559 MiB -> 80 GB
+    compute = {1: 1, 2: 2, 3: 3, 4: 3, 5: 4, 6: 4, 7: 4, 8: 7}[eighths]
+    return f"{compute}g.{nominal * eighths // 8}gb"
+
+
+def mig_layout(gpu: dict) -> list[dict]:
+    """A registered GPU's MIG instances as the platform keeps them: uuid, memory and profile, smallest
+    first ([] when the GPU is not in MIG mode or reports none)."""
+    if not gpu.get("mig_mode"):
+        return []
+    out = []
+    for instance in gpu.get("mig_instances") or []:
+        try:
+            memory = int(instance.get("memory_mb") or 0)
+            uuid = str(instance.get("uuid") or "")[:96]
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if memory > 0 and uuid:
+            out.append({"uuid": uuid, "memory_mb": memory, "profile": mig_profile(memory, int(gpu["memory_mb"]))})
+    return sorted(out, key=lambda i: (i["memory_mb"], i["uuid"]))
+
+
 @dataclass
 class JobUse:
     """What one job did on one GPU since the previous sample."""

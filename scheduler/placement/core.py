@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from . import fairshare
 from .data import (
     DEDICATED_ONLY,
+    MIG_FIT,
     SHARED_ONLY,
     WHOLE,
     NodeSlot,
@@ -35,6 +36,8 @@ from .data import (
     Preemption,
     Request,
     Running,
+    mig_need,
+    mig_take,
 )
 from .fleet import Fleet, slice_memory
 from .preempt import victims_choose, victims_eligible
@@ -59,7 +62,7 @@ class _Planner:
         self.held_milli: dict[str, float] = {}
         self.stopping_end: dict[int, float] = {}
         self._apply_running(nodes, running)
-        self.fleet = Fleet(nodes)
+        self.fleet = Fleet(nodes, price=policy.model_price)
         self.reserved_for: dict[str, int] = {}  # GPU uuid -> job id it is promised to
         self.head: Request | None = None
         self.head_start: float | None = None
@@ -72,11 +75,23 @@ class _Planner:
         self._preempt_failed: dict[tuple, int] = {}  # shape -> highest rank that found no victims
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
+        self._named: dict[int, dict[str, int]] = {}
+        self._unlearned: dict[int, list[Request]] = {}
 
     # -- state of the fleet and tenants ----------------------------------------
     def _apply_running(self, nodes: list[NodeSlot], running: list[Running]) -> None:
         gpus = {g.uuid: g for n in nodes for g in n.gpus}
         by_name = {n.name: n for n in nodes}
+        for gpu in gpus.values():
+            if gpu.mig is not None:
+                gpu.mig_free = sorted(gpu.mig)
+        # MIG instances held by running slices: the smallest that holds each, in start order (as the agent
+        # picked them when they launched).
+        for job in sorted(running, key=lambda j: (j.started_ms, j.job_id)):
+            if job.share_milli < WHOLE and len(job.gpu_uuids) == 1:
+                gpu = gpus.get(job.gpu_uuids[0])
+                if gpu is not None and gpu.mig is not None:
+                    mig_take(gpu, job.share_milli)
         for job in running:
             for uuid in job.gpu_uuids:
                 gpu = gpus.get(uuid)
@@ -112,7 +127,42 @@ class _Planner:
         )
 
     # -- the pass --------------------------------------------------------------
+    def learn(self, queue: list[Request]) -> None:
+        """The workload's mix from the recent requests and the queue; per priority rank, the models that
+        constrained jobs of that rank or higher in the queue need. A request is placed against the mix of
+        the queue's requests of its rank or higher only (see :meth:`_learn_rank`): a job of a higher class
+        is never moved by the wishes of a lower one."""
+        fleet = self.fleet
+        for request in self.policy.recent:
+            fleet.mix.add(request)
+        fleet.refresh_mix()
+        self._unlearned: dict[int, list[Request]] = {}  # queued requests by rank, added to the mix rank by rank
+        for request in queue:
+            self._unlearned.setdefault(request.rank, []).append(request)
+        # rank -> model -> constrained requests of that rank naming it that are not placed (yet)
+        self._named: dict[int, dict[str, int]] = {}
+        for request in queue:
+            for model in request.models:
+                per_rank = self._named.setdefault(request.rank, {})
+                per_rank[model] = per_rank.get(model, 0) + 1
+
+    def _avoid(self, rank: int) -> frozenset[str]:
+        """Models that constrained requests of ``rank`` or higher, still waiting, name."""
+        return frozenset(m for r, named in self._named.items() if r >= rank for m, n in named.items() if n > 0)
+
+    def _learn_rank(self, rank: int) -> None:
+        """Add the queued requests of ``rank`` and above to the mix (once)."""
+        higher = [r for r in self._unlearned if r >= rank]
+        if not higher:
+            return
+        for r in higher:
+            for request in self._unlearned.pop(r):
+                self.fleet.mix.add(request)
+        self.fleet.refresh_mix()
+
     def run(self, requests: Iterable[Request]) -> Plan:
+        requests = list(requests)
+        self.learn(requests)
         queues: dict[tuple[int, str], list[Request]] = {}
         for request in requests:
             queues.setdefault((request.rank, request.tenant), []).append(request)
@@ -181,7 +231,14 @@ class _Planner:
             pending[request.job_id] = reason
             return False
         end = self.now + self.policy.runtime_ms(request)
+        if self._unlearned:
+            self._learn_rank(request.rank)
+        self.fleet.avoid = self._avoid(request.rank) if self._named else frozenset()
         if self._place(request, end):
+            if request.models and request.rank in self._named:
+                named = self._named[request.rank]
+                for model in request.models:
+                    named[model] -= 1
             return True
         if self._wait_for_stopping(request) or self._preempt(request):
             return False
@@ -220,6 +277,12 @@ class _Planner:
                 return False
             fleet.take_share(gpu, request)
             node, gpus = gpu.node, [gpu]
+        elif not request.count:  # CPU-only
+            found = fleet.find_host(request)
+            if found is None:
+                return False
+            fleet.take_host(found[0], request)
+            node, gpus = found[0].name, []
         else:
             found = fleet.find_dedicated(request, end)
             if found is None:
@@ -261,6 +324,15 @@ class _Planner:
         return self._never[shape]
 
     def _static_reason(self, request: Request) -> str:
+        if not request.shared and not request.count:
+            if any(
+                n.schedulable
+                and (not n.cpu_milli or n.cpu_milli >= request.cpu_milli)
+                and (not n.memory_mib or n.memory_mib >= request.memory_mib)
+                for n in self.fleet.nodes.values()
+            ):
+                return ""
+            return "no schedulable node has the CPU and memory it asks for"
         what = f"{' or '.join(request.models)} GPU" if request.models else "GPU"
         if request.gpu_memory_mb:
             what += f" with {request.gpu_memory_mb} MiB"
@@ -268,6 +340,7 @@ class _Planner:
         if not models:
             return f"no schedulable {what} in the fleet"
         best = 0
+        mig_too_small = False
         for node in self.fleet.nodes.values():
             if not node.schedulable or (node.cpu_milli and node.cpu_milli < request.cpu_milli):
                 continue
@@ -278,6 +351,11 @@ class _Planner:
                 if gpu.model not in models or not gpu.healthy:
                     continue
                 if request.shared:
+                    if gpu.mig is not None and max((m for m, _ in gpu.mig), default=0) < mig_need(
+                        gpu, request.share_milli
+                    ):
+                        mig_too_small = True
+                        continue
                     if gpu.reservation != DEDICATED_ONLY and gpu.memory_mb >= slice_memory(gpu, request):
                         return ""
                 elif gpu.reservation != SHARED_ONLY and gpu.memory_mb >= request.gpu_memory_mb:
@@ -286,14 +364,43 @@ class _Planner:
             if best >= request.count and not request.shared:
                 return ""
         if request.shared:
+            if mig_too_small:
+                return (
+                    f"no MIG instance in the fleet holds a {request.share_milli / WHOLE:g} slice "
+                    f"(it needs {MIG_FIT:.0%} of the slice's memory), and no {what} without MIG is open to slices"
+                )
             return f"no schedulable {what} is open to shared slices"
         return f"no node has {request.count} {what}s for dedicated use (at most {best} on one node)"
 
     def _capacity_reason(self, request: Request) -> str:
+        if not request.shared and not request.count:
+            return "waiting for CPU and memory on a node to free up"
         model = f"{' or '.join(request.models)} " if request.models else ""
         if request.shared:
+            profile = self._mig_wait(request)
+            if profile:
+                return f"no free MIG instance of {profile} or larger"
             return f"waiting for {request.share_milli / WHOLE:g} of a {model}GPU to free up"
         return f"waiting for {request.count} free whole {model}GPU(s) on one node"
+
+    def _mig_wait(self, request: Request) -> str:
+        """When every GPU that could take the slice is in MIG mode: the profile of the smallest instance
+        that would hold it (the slice waits for one of those to free up); else ""."""
+        models = set(self.fleet.models_for(request))
+        smallest: tuple[int, str] | None = None
+        for node in self.fleet.nodes.values():
+            if not node.schedulable:
+                continue
+            for gpu in node.gpus:
+                if gpu.model not in models or not gpu.healthy or gpu.reservation == DEDICATED_ONLY:
+                    continue
+                if gpu.mig is None:
+                    return ""
+                need = mig_need(gpu, request.share_milli)
+                fits = [i for i in gpu.mig if i[0] >= need]
+                if fits and (smallest is None or min(fits) < smallest):
+                    smallest = min(fits)
+        return smallest[1] if smallest else ""
 
     def _fits_ignoring_reservations(self, request: Request) -> bool:
         shape = request.shape()
@@ -371,7 +478,7 @@ class _Planner:
         cache: dict[tuple, float | None] = {}
         estimates = self.result.estimated_start_ms
         for request in self._capacity_blocked:
-            if request.job_id in estimates:
+            if request.job_id in estimates or not (request.shared or request.count):
                 continue
             shape = request.shape()
             if shape not in cache:
@@ -406,13 +513,21 @@ class Session:
 
     def __init__(self, nodes: list[NodeSlot], *, running: Iterable[Running] = (), policy: Policy | None = None):
         self._planner = _Planner(nodes, list(running), policy or Policy())
+        if self._planner.policy.recent:
+            self._planner.learn([])
 
     def offer(self, request: Request) -> Placement | None:
         """Place ``request`` now if it fits (the fleet keeps it), else None (see :meth:`reason`)."""
         placements = self._planner.result.placements
         before = len(placements)
+        self._planner.fleet.observe(request)
         self._planner._decide(request)
         return placements[-1] if len(placements) > before else None
+
+    def host_taken(self, node: str, cpu_milli: int, memory_mib: int) -> None:
+        """Host CPU and memory used on ``node`` by work placed outside the core."""
+        fleet = self._planner.fleet
+        fleet.use_host(fleet.nodes[node], cpu_milli, memory_mib)
 
     def reason(self, job_id: int) -> str:
         return self._planner.result.pending.get(job_id, "")

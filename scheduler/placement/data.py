@@ -31,6 +31,12 @@ class GpuSlot:
     healthy: bool = True
     # (estimated end ms, share milli, job id) of every job holding it; filled by plan() from ``running``.
     holders: list[tuple[float, int, int]] = field(default_factory=list)
+    # MIG mode: its instances as (memory MiB, profile name), e.g. (40192, "3g.40gb"); a slice runs in one
+    # instance of its own (see ``mig_need``). ``None``: not in MIG mode. plan() takes the instances
+    # running slices use (the smallest that holds each, as the agent picks) and keeps the rest in
+    # ``mig_free``.
+    mig: tuple[tuple[int, str], ...] | None = None
+    mig_free: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def free_milli(self) -> int:
@@ -43,6 +49,23 @@ class GpuSlot:
     @property
     def shared(self) -> bool:
         return not self.dedicated and self.used_milli > 0
+
+
+MIG_FIT = 0.9  # a MIG instance holds a slice with at least this much of the slice's memory (as the agent picks)
+
+
+def mig_need(gpu: GpuSlot, share_milli: int) -> int:
+    """MiB a MIG instance needs to hold a slice of ``share_milli`` of ``gpu``."""
+    return int(gpu.memory_mb * share_milli / WHOLE * MIG_FIT)
+
+
+def mig_take(gpu: GpuSlot, share_milli: int) -> tuple[int, str] | None:
+    """Take the smallest free instance of ``gpu`` that holds the slice (None: none does)."""
+    need = mig_need(gpu, share_milli)
+    for i, instance in enumerate(gpu.mig_free):
+        if instance[0] >= need:
+            return gpu.mig_free.pop(i)
+    return None
 
 
 @dataclass(eq=False)
@@ -149,6 +172,11 @@ class Policy:
     backfill: bool = True
     default_max_runtime_ms: int = 24 * 3600 * 1000
     preempt_grace_ms: int = 30_000  # when a stopping job's GPUs are expected back
+    # Placement score (see .score): price per GPU-hour of each model (cheapest fitting model first for a job
+    # that names none; a missing model counts 0), and recent requests (any state) that give the workload's
+    # mix of shapes, on top of the queue itself.
+    model_price: dict[str, float] = field(default_factory=dict)
+    recent: tuple[Request, ...] = ()
 
     def runtime_ms(self, request: Request) -> int:
         return request.max_runtime_ms or self.default_max_runtime_ms

@@ -1,38 +1,131 @@
-"""Indexes over the fleet's free capacity, so that one placement decision costs
-about the same on 100 nodes as on 5,000.
+"""Indexes over the fleet's free capacity, and the choice of a place.
 
 - idle GPUs, per model, grouped by node and bucketed by how many idle GPUs the
-  node has (best fit: the node with the fewest that still fits); one index for
-  dedicated use and one for opening a GPU to slices (reservations differ);
-- GPUs already shared with room left, per model, bucketed by free thousandths
-  (best fit: the least room that still fits).
+  node has; one index for dedicated use and one for opening a GPU to slices
+  (reservations differ);
+- GPUs already shared with room left, per model, bucketed by free thousandths;
+- nodes with GPUs (CPU-only requests).
+
+Every bucket lists its nodes in the fleet's order (the order of ``nodes`` given
+to the core: registration order on the platform, file order in the replays),
+so that the first that fits is found without sorting.
 
 A GPU is in an index only while its node is schedulable and it is healthy.
+
+**The choice.** Of the places a request fits, the one with the lowest score,
+compared in order (see :mod:`.score` for the terms that read the workload):
+
+1. *model tier*: for work that names no model, a model that a constrained
+   job waiting in the queue (of its class or higher) names comes last, and
+   before it one whose free capacity the recent constrained demand would take;
+2. *price*: the cheaper model per GPU-hour first (``Policy.model_price``);
+3. *scarce places lost*: whether the placement takes away a place that a
+   scarce class of the workload's mix needs (the growth of fragmentation,
+   FGD-style, against the classes that have fewer places left than requests
+   expected: the largest gangs, typically), so the few nodes that can host
+   them are broken last;
+4. not leaving idle GPUs on the node without the CPU or memory to use them
+   ("stranded", for jobs like this one);
+5. the fit: an exact one (the gang fills the node's idle GPUs; the slice
+   fills the GPU's room), then a partly used node, and only then a node
+   with every GPU idle (kept whole for gangs);
+6. the fleet's order (first fit): load goes to the front of the fleet, the
+   rest stays whole for what comes next;
+7. on one node, the smaller card (for slices and for work that names no
+   model when no price tells them apart).
+
+The terms read indexes and memoised fragmentation, so a decision costs about
+the same on 100 nodes as on 5,000.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from heapq import merge
 
-from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request
+from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
+from .score import Frag, Mix
+
+HOST_ONLY = ("host",)
+CANDIDATES_PER_BUCKET = 3  # fitting nodes of one bucket looked at for one with no scarce place lost
+MISSES_PER_BUCKET = 32  # nodes of a bucket too short of CPU/memory looked at before moving on (once a place is found)
+ROOM_KEYS = 48  # room buckets (smallest room that fits first) looked at for a slice
+HOST_CANDIDATES = 16  # nodes looked at for a CPU-only request once a place is found
+
+
+def cpu_band(node: NodeSlot) -> int:
+    """Nodes are banded by free host CPU (powers of two of thousandths of a core): a request skips the
+    bands too small for it without looking at their nodes. Untracked CPU: the top band."""
+    if not node.cpu_milli:
+        return 64
+    return max(0, node.cpu_milli - node.used_cpu_milli).bit_length()
+
+
+class _Ordered:
+    """Items in the fleet's order, banded by their node's free CPU."""
+
+    __slots__ = ("bands", "items", "size")
+
+    def __init__(self):
+        self.bands: dict[int, list[tuple[int, str]]] = {}
+        self.items: dict[str, tuple[int, tuple[int, str], object]] = {}
+        self.size = 0
+
+    def add(self, key: str, item, order: int, band: int) -> None:
+        entry = (order, key)
+        insort(self.bands.setdefault(band, []), entry)
+        self.items[key] = (band, entry, item)
+        self.size += 1
+
+    def remove(self, key: str) -> None:
+        band, entry, _ = self.items.pop(key)
+        entries = self.bands[band]
+        del entries[bisect_left(entries, entry)]
+        if not entries:
+            del self.bands[band]
+        self.size -= 1
+
+    def rekey(self, key: str, band: int) -> None:
+        old, entry, item = self.items[key]
+        if old != band:
+            self.remove(key)
+            self.add(key, item, entry[0], band)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.items
+
+    def __len__(self) -> int:
+        return self.size
+
+    def bands_for(self, cpu_milli: int) -> list[list[tuple[int, str]]]:
+        """The bands whose nodes may have ``cpu_milli`` free (the ones below cannot), each in the fleet's
+        order: the first fit is the first fit of one of them."""
+        low = cpu_milli.bit_length() if cpu_milli > 0 else 0
+        return [entries for band, entries in self.bands.items() if band >= low]
+
+    def __iter__(self):
+        items = self.items
+        for _, key in merge(*self.bands.values()):
+            yield items[key][2]
 
 
 class _IdleIndex:
-    """model -> node -> idle GPUs; model -> [count] -> nodes with that many."""
+    """model -> node -> idle GPUs; model -> [count] -> nodes with that many, in the fleet's order."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, order: dict[str, int]):
         self.width = width
+        self.order = order
         self.gpus: dict[str, dict[str, dict[str, GpuSlot]]] = {}
-        self.buckets: dict[str, list[dict[str, NodeSlot]]] = {}
+        self.buckets: dict[str, list[_Ordered]] = {}
 
     def add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.setdefault(gpu.model, {}).setdefault(node.name, {})
-        buckets = self.buckets.setdefault(gpu.model, [{} for _ in range(self.width + 1)])
+        buckets = self.buckets.setdefault(gpu.model, [_Ordered() for _ in range(self.width + 1)])
         count = len(per_node)
         if count:
-            del buckets[count][node.name]
+            buckets[count].remove(node.name)
         per_node[gpu.uuid] = gpu
-        buckets[count + 1][node.name] = node
+        buckets[count + 1].add(node.name, node, self.order[node.name], cpu_band(node))
 
     def remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.get(gpu.model, {}).get(node.name)
@@ -40,21 +133,45 @@ class _IdleIndex:
             return
         buckets = self.buckets[gpu.model]
         count = len(per_node)
-        del buckets[count][node.name]
+        buckets[count].remove(node.name)
         del per_node[gpu.uuid]
         if count > 1:
-            buckets[count - 1][node.name] = node
+            buckets[count - 1].add(node.name, node, self.order[node.name], cpu_band(node))
+
+    def rekey(self, node: NodeSlot, models: list[str]) -> None:
+        """``node``'s free CPU changed: move it to its band in its buckets."""
+        band = cpu_band(node)
+        for model in models:
+            per_node = self.gpus.get(model, {}).get(node.name)
+            if per_node:
+                self.buckets[model][len(per_node)].rekey(node.name, band)
 
 
 class Fleet:
-    def __init__(self, nodes: list[NodeSlot]):
+    def __init__(self, nodes: list[NodeSlot], *, price: dict[str, float] | None = None):
         self.nodes = {n.name: n for n in nodes}
+        self.order = {n.name: i for i, n in enumerate(nodes)}
+        self.cpu_nodes = [n for n in nodes if not n.gpus]
+        self.hosts = _Ordered()  # schedulable nodes with GPUs, for CPU-only requests
+        for n in nodes:
+            if n.gpus and n.schedulable:
+                self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
+        # The score (see .score): the workload's mix, fragmentation against its scarce classes, prices per
+        # GPU of a model, models kept for constrained work (``avoid``: named by constrained jobs in the
+        # queue; ``needed``: by the recent mix).
+        self.mix = Mix()
+        self.frag = Frag(self.mix)
+        self.price: dict[str, float] = dict(price or {})
+        self.avoid: frozenset[str] = frozenset()
+        self.needed: frozenset[str] = frozenset()
+        self._frees: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._models_of: dict[str, list[str]] = {}
         self.gpus: dict[str, GpuSlot] = {}
         self.model_memory: dict[str, int] = {}  # model -> largest memory of a GPU of it
         width = max((len(n.gpus) for n in nodes), default=0)
-        self.idle_dedicated = _IdleIndex(width)
-        self.idle_shared = _IdleIndex(width)
-        self.room: dict[str, dict[int, dict[str, GpuSlot]]] = {}
+        self.idle_dedicated = _IdleIndex(width, self.order)
+        self.idle_shared = _IdleIndex(width, self.order)
+        self.room: dict[str, dict[int, _Ordered]] = {}
         self.room_keys: dict[str, list[int]] = {}
         # Backfill and preemption reservations: GPU uuid -> the time from which
         # it is promised to a job; only requests ending by then may use it.
@@ -81,6 +198,9 @@ class Fleet:
         self.idle_dedicated.remove(gpu, node)
         self.idle_shared.remove(gpu, node)
 
+    def _gpu_order(self, gpu: GpuSlot) -> int:
+        return self.order[gpu.node]
+
     def _room_put(self, gpu: GpuSlot) -> None:
         free = gpu.free_milli
         if free <= 0 or gpu.reservation == DEDICATED_ONLY:
@@ -88,29 +208,49 @@ class Fleet:
         buckets = self.room.setdefault(gpu.model, {})
         bucket = buckets.get(free)
         if bucket is None:
-            bucket = buckets[free] = {}
+            bucket = buckets[free] = _Ordered()
             insort(self.room_keys.setdefault(gpu.model, []), free)
-        bucket[gpu.uuid] = gpu
+        bucket.add(gpu.uuid, gpu, self.order[gpu.node], cpu_band(self.nodes[gpu.node]))
 
     def _room_drop(self, gpu: GpuSlot) -> None:
         buckets = self.room.get(gpu.model)
         bucket = buckets.get(gpu.free_milli) if buckets else None
         if not bucket or gpu.uuid not in bucket:
             return
-        del bucket[gpu.uuid]
+        bucket.remove(gpu.uuid)
         if not bucket:
             del buckets[gpu.free_milli]
             keys = self.room_keys[gpu.model]
             del keys[bisect_left(keys, gpu.free_milli)]
 
     # -- changes ---------------------------------------------------------------
+    def use_host(self, node: NodeSlot, cpu_milli: int, memory_mib: int) -> None:
+        """Host CPU and memory taken on ``node``; its entries move to their new CPU band."""
+        node.used_cpu_milli += cpu_milli
+        node.used_memory_mib += memory_mib
+        if not cpu_milli or not node.cpu_milli:
+            return
+        band = cpu_band(node)
+        if node.name in self.hosts:
+            self.hosts.rekey(node.name, band)
+        models = self._node_models(node)
+        self.idle_dedicated.rekey(node, models)
+        self.idle_shared.rekey(node, models)
+        for gpu in node.gpus:
+            bucket = self.room.get(gpu.model, {}).get(gpu.free_milli)
+            if bucket is not None and gpu.uuid in bucket:
+                bucket.rekey(gpu.uuid, band)
+
+    def take_host(self, node: NodeSlot, request: Request) -> None:
+        self.use_host(node, request.cpu_milli, request.memory_mib)
+
     def take_whole(self, node: NodeSlot, gpus: list[GpuSlot], request: Request) -> None:
         for gpu in gpus:
             self._idle_remove(gpu, node)
             gpu.dedicated = True
             gpu.used_milli = WHOLE
-        node.used_cpu_milli += request.cpu_milli
-        node.used_memory_mib += request.memory_mib
+            self._frees.pop((node.name, gpu.model), None)
+        self.use_host(node, request.cpu_milli, request.memory_mib)
 
     def take_share(self, gpu: GpuSlot, request: Request) -> None:
         node = self.nodes[gpu.node]
@@ -120,8 +260,10 @@ class Fleet:
             self._room_drop(gpu)
         gpu.used_milli += request.share_milli
         gpu.used_memory_mb += slice_memory(gpu, request)
-        node.used_cpu_milli += request.cpu_milli
-        node.used_memory_mib += request.memory_mib
+        if gpu.mig is not None:
+            mig_take(gpu, request.share_milli)
+        self._frees.pop((node.name, gpu.model), None)
+        self.use_host(node, request.cpu_milli, request.memory_mib)
         self._room_put(gpu)
 
     # -- questions -------------------------------------------------------------
@@ -134,106 +276,236 @@ class Fleet:
         until = self.reserved.get(gpu.uuid)
         return until is None or end_ms <= until
 
-    def find_dedicated(self, request: Request, end_ms: float) -> tuple[NodeSlot, list[GpuSlot]] | None:
-        """Best fit: the node with the fewest idle GPUs (of one model) that still holds the gang.
+    # -- the workload (see .score) ----------------------------------------------
+    def observe(self, request: Request) -> None:
+        """Count ``request`` in the workload's mix (online use: every request offered)."""
+        self.mix.add(request)
+        if self.mix.due():
+            self.refresh_mix()
 
-        When nodes track host CPU and memory, a node that would be left with idle
-        GPUs but too little CPU or memory to use them ("stranded") comes last.
-        """
-        best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
+    def refresh_mix(self) -> None:
+        """Recompute the mix's classes against the fleet as it is now (how many places each gang class
+        has, which models constrained work needs)."""
+        mix = self.mix
+        mix.refresh()  # the classes first, then their places
+        gangs = {i: c for i, c in enumerate(mix.classes) if c[1] >= 2}
+        model_free: dict[str, int] = {}
+        free_total = 0
+        places = [0] * len(mix.classes)
+        for node in self.hosts:
+            for model in self._node_models(node):
+                frees = self.frees(node, model)
+                free = sum(frees)
+                if not free:
+                    continue
+                model_free[model] = model_free.get(model, 0) + free
+                free_total += free
+                if not gangs or frees[-1] < WHOLE:
+                    continue
+                idle = frees.count(WHOLE)
+                for key, (_, count, _, cpu, memory, models) in gangs.items():
+                    if idle >= count and (not models or model in models) and node.host_fits(cpu, memory):
+                        places[key] += idle // count
+        mix.refresh(places, free_total)
+        self.needed = mix.needed(model_free, free_total)
+
+    def _node_models(self, node: NodeSlot) -> list[str]:
+        models = self._models_of.get(node.name)
+        if models is None:
+            models = self._models_of[node.name] = sorted({g.model for g in node.gpus if g.healthy})
+        return models
+
+    def frees(self, node: NodeSlot, model: str) -> tuple[int, ...]:
+        """Free thousandths of each usable GPU of ``model`` on ``node``, sorted (0: held whole or full)."""
+        key = (node.name, model)
+        frees = self._frees.get(key)
+        if frees is None:
+            frees = self._frees[key] = tuple(sorted(g.free_milli for g in node.gpus if g.model == model and g.healthy))
+        return frees
+
+    def scarce_lost(self, node: NodeSlot, model: str, request: Request, op: tuple) -> int:
+        """1 if ``request`` taking ``op`` on ``node`` grows its fragmentation against the scarce classes
+        of the mix (it takes away a place they need), else 0 (see :meth:`.score.Frag.delta`)."""
+        mix = self.mix
+        if not mix.scarce:
+            return 0
+        frees = self.frees(node, model)
+        smallest = mix.scarce_smallest.get(model, mix.scarce_smallest.get("", 0))
+        if not smallest or frees.count(WHOLE) < smallest:
+            return 0  # no scarce gang fits here now: nothing to lose
+        grow = self.frag.delta(
+            model,
+            node.cpu_milli - node.used_cpu_milli if node.cpu_milli else None,
+            node.memory_mib - node.used_memory_mib if node.memory_mib else None,
+            frees,
+            request.cpu_milli,
+            request.memory_mib,
+            op,
+        )
+        return 1 if grow > 0 else 0
+
+    def _model_key(self, model: str, request: Request) -> tuple[int, float]:
+        """Tier (for work that could run anywhere: 2 on a model a waiting constrained job needs, 1 on one the
+        recent constrained demand needs, else 0) and price."""
+        tier = 0
+        if not request.models:
+            tier = 2 if model in self.avoid else 1 if model in self.needed else 0
+        return tier, self.price.get(model, 0.0)
+
+    # -- the choice ------------------------------------------------------------------
+    def find_dedicated(self, request: Request, end_ms: float) -> tuple[NodeSlot, list[GpuSlot]] | None:
+        """The gang's node: of the nodes with enough idle GPUs of one model that fit it, the lowest score
+        (see the module's docstring). Per model and bucket of idle count, the first nodes in the
+        fleet's order are compared."""
         need = request.count
+        if need == 0:
+            return self.find_host(request)
+        best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
         for model in self.models_for(request):
             buckets = self.idle_dedicated.buckets.get(model)
             if not buckets:
                 continue
+            model_key = self._model_key(model, request)
+            if best is not None and model_key > best[0][:2]:
+                continue
             per_node = self.idle_dedicated.gpus[model]
+            op = ("whole", need)
             for count in range(need, len(buckets)):
-                if best is not None and (0, count) >= best[0]:
-                    break
-                looked = 0
-                for node in buckets[count].values():
-                    if not node.host_fits(request.cpu_milli, request.memory_mib):
-                        continue
-                    gpus = [
-                        g
-                        for g in per_node[node.name].values()
-                        if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
-                    ]
-                    if len(gpus) < need:
-                        continue
-                    key = (_strands(node, count - need, request), count)
-                    if best is None or key < best[0]:
-                        best = (key, node, gpus)
-                    looked += 1
-                    if key[0] == 0 or looked >= HOST_CANDIDATES:
-                        break
-            if best is not None and best[0] == (0, need):
-                break
+                bucket = buckets[count]
+                if not bucket.size:
+                    continue
+                items = bucket.items
+                for entries in bucket.bands_for(request.cpu_milli):
+                    looked = missed = 0
+                    for order, name in entries:
+                        if best is not None and (*model_key, 0, 0, count != need, order) >= best[0]:
+                            break  # later in the order: no better than what we have
+                        node = items[name][2]
+                        if not node.host_fits(request.cpu_milli, request.memory_mib):
+                            missed += 1
+                            if missed >= MISSES_PER_BUCKET and best is not None:
+                                break
+                            continue
+                        gpus = [
+                            g
+                            for g in per_node[name].values()
+                            if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
+                        ]
+                        if len(gpus) < need:
+                            continue
+                        lost = self.scarce_lost(node, model, request, op)
+                        strands = _strands(node, count - need, request)
+                        fit = 0 if count == need else 2 if count == len(self.frees(node, model)) else 1
+                        key = (*model_key, lost, strands, fit, order, self.model_memory[model])
+                        if best is None or key < best[0]:
+                            best = (key, node, gpus)
+                        looked += 1
+                        if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
+                            break
         if best is None:
             return None
         node, gpus = best[1], best[2]
         gpus.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
         return node, gpus[:need]
 
+    def find_host(self, request: Request) -> tuple[NodeSlot, list[GpuSlot]] | None:
+        """A CPU-only request: the first node without GPUs that fits; else, of the nodes with GPUs in the
+        fleet's order, the first that takes no place a scarce class needs."""
+        for node in self.cpu_nodes:
+            if node.schedulable and node.host_fits(request.cpu_milli, request.memory_mib):
+                return node, []
+        best: tuple[tuple[int, int], NodeSlot] | None = None
+        items = self.hosts.items
+        for entries in self.hosts.bands_for(request.cpu_milli):
+            looked = 0
+            for order, name in entries:
+                if best is not None and (0, order) >= best[0]:
+                    break
+                node = items[name][2]
+                if not node.host_fits(request.cpu_milli, request.memory_mib):
+                    continue
+                lost = max((self.scarce_lost(node, m, request, HOST_ONLY) for m in self._node_models(node)), default=0)
+                if best is None or (lost, order) < best[0]:
+                    best = ((lost, order), node)
+                looked += 1
+                if not lost or looked >= HOST_CANDIDATES:
+                    break
+        return (best[1], []) if best else None
+
     def find_shared(self, request: Request, end_ms: float) -> GpuSlot | None:
-        """Best fit onto a GPU already shared; else open an idle GPU on the busiest node."""
-        return self._find_room(request, end_ms) or self._find_idle_for_slice(request, end_ms)
+        """The slice's GPU: of the GPUs with room that fit it (shared GPUs, by room, the smallest rooms
+        that fit first; then idle GPUs, by the node's idle count), the lowest score (see the module's
+        docstring)."""
+        best: list = [None, None]  # key, GPU
+        for model in self.models_for(request):
+            model_key = self._model_key(model, request)
+            if best[0] is not None and model_key > best[0][:2]:
+                continue
+            keys = self.room_keys.get(model)
+            if keys:
+                buckets = self.room[model]
+                first = bisect_left(keys, request.share_milli)
+                for free in keys[first : first + ROOM_KEYS]:
+                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, shared=True)
+            buckets = self.idle_shared.buckets.get(model)
+            if buckets:
+                for count in range(1, len(buckets)):
+                    if buckets[count].size:
+                        self._slice_scan(buckets[count], model, model_key, request, end_ms, best, shared=False)
+        return best[1]
+
+    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool) -> None:
+        """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
+        order, scored into ``best`` (stops at the first that loses no scarce place)."""
+        per_node = None if shared else self.idle_shared.gpus[model]
+        items = bucket.items
+        for entries in bucket.bands_for(request.cpu_milli):
+            looked = missed = 0
+            for order, name in entries:
+                item = items[name][2]
+                exact = not shared or item.free_milli != request.share_milli
+                if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
+                    break  # later in the order: no better than what we have
+                if shared:
+                    gpu = item if self._slice_fits(item, request, end_ms) else None
+                else:
+                    gpus = per_node[name].values()
+                    gpu = next(
+                        (g for g in gpus if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms)), None
+                    )
+                    if gpu is None:
+                        gpu = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
+                if gpu is None:
+                    missed += 1
+                    if missed >= MISSES_PER_BUCKET and best[0] is not None:
+                        break
+                    continue
+                node = self.nodes[gpu.node]
+                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
+                strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
+                fit = exact
+                if not shared and len(per_node[name]) == len(self.frees(node, model)):
+                    fit = 2  # the first slice on a node with every GPU idle: breaks a whole node
+                key = (*model_key, lost, strands, fit, order, self.model_memory[model])
+                if best[0] is None or key < best[0]:
+                    best[0], best[1] = key, gpu
+                looked += 1
+                if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
+                    break
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
         if gpu.memory_mb - gpu.used_memory_mb < slice_memory(gpu, request):
             return False
+        if gpu.mig is not None and (not gpu.mig_free or gpu.mig_free[-1][0] < mig_need(gpu, request.share_milli)):
+            return False  # MIG: only a free instance that holds the slice
         if not self.nodes[gpu.node].host_fits(request.cpu_milli, request.memory_mib):
             return False
         return self.usable(gpu, end_ms)
 
-    def _find_room(self, request: Request, end_ms: float) -> GpuSlot | None:
-        best: tuple[int, GpuSlot] | None = None
-        for model in self.models_for(request):
-            keys = self.room_keys.get(model)
-            if not keys:
-                continue
-            buckets = self.room[model]
-            for i in range(bisect_left(keys, request.share_milli), len(keys)):
-                free = keys[i]
-                if best is not None and free >= best[0]:
-                    break
-                hit = next((g for g in buckets[free].values() if self._slice_fits(g, request, end_ms)), None)
-                if hit is not None:
-                    best = (free, hit)
-                    break
-        return best[1] if best else None
-
-    def _find_idle_for_slice(self, request: Request, end_ms: float) -> GpuSlot | None:
-        best: tuple[tuple, GpuSlot] | None = None
-        for model in self.models_for(request):
-            buckets = self.idle_shared.buckets.get(model)
-            if not buckets:
-                continue
-            per_node = self.idle_shared.gpus[model]
-            for count in range(1, len(buckets)):
-                if best is not None and (0, count) >= best[0]:
-                    break
-                looked = 0
-                for node in buckets[count].values():
-                    gpus = sorted(per_node[node.name].values(), key=lambda g: g.reservation != SHARED_ONLY)
-                    hit = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
-                    if hit is None:
-                        continue
-                    key = (_strands(node, count - 1, request), count)
-                    if best is None or key < best[0]:
-                        best = (key, hit)
-                    looked += 1
-                    if key[0] == 0 or looked >= HOST_CANDIDATES:
-                        break
-        return best[1] if best else None
-
-
-HOST_CANDIDATES = 8  # nodes of equal fit compared on host resources before settling
-
 
 def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
-    """1 if placing ``request`` leaves idle GPUs on ``node`` without the CPU or memory a GPU
-    of this kind of job needs (only when the node tracks host resources)."""
+    """1 if placing ``request`` leaves idle GPUs on ``node`` without the CPU or memory a GPU of this kind
+    of job needs (only when the node tracks host resources)."""
     if not idle_left or not (node.cpu_milli or node.memory_mib):
         return 0
     per_gpu = max(1, request.count if not request.shared else 1)
