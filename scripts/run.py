@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ def main() -> None:
     # state: no other user, and no job uid, may enter (docs/operator-guide.md, Security model).
     os.chmod(var, 0o700)
     agent_flags = ""
+    work_root = None
     if os.geteuid() == 0:  # multi-tenant agent: job work dirs outside var/, on a path every job uid can enter
         work_root = Path(os.environ.get("GPUSHARE_AGENT_WORK_ROOT", f"/var/tmp/gpushare-{PORT}/jobs"))
         work_root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -111,7 +113,10 @@ def main() -> None:
         },
     ):
         print(ready_banner(demo, base, var), flush=True)
-    sys.exit(honcho.wait())
+    status = honcho.wait()
+    if work_root is not None:  # the jobs' work dirs of this run (each attempt's is removed when it ends)
+        shutil.rmtree(work_root.parent, ignore_errors=True)
+    sys.exit(status)
 
 
 def answers(url: str) -> bool:
