@@ -11,7 +11,7 @@ from django_scopes import scopes_disabled
 
 from agents.models import Gpu, Node
 from scheduler.models import Job, JobState
-from tests.agents.conftest import GPU0, GPU1, wait_output
+from tests.agents.conftest import GPU0, GPU1, job_dir, wait_output
 from tests.factories import TenantFactory, wait_for
 
 pytestmark = pytest.mark.integration
@@ -73,8 +73,8 @@ def test_mig_layout_fits_waits_with_the_profile_and_frees_on_exit(platform, nvml
     assert job(second).state == JobState.QUEUED
 
     # Frees on exit: the first slice ends, the second takes its instance.
-    (agent.var_dir / "agent" / agent.node / "jobs" / f"{first}-1" / "go").touch()
+    (job_dir(agent, first) / "go").touch()
     wait_for(lambda: job(first).state == JobState.SUCCEEDED, timeout=45, what="the first slice to end")
     assert wait_output(agent, second, "MIG=", timeout=60).split("MIG=")[1].split()[0] == "MIG-g0-big"
     for job_id in (second, small):
-        (agent.var_dir / "agent" / agent.node / "jobs" / f"{job_id}-1" / "go").touch()
+        (job_dir(agent, job_id) / "go").touch()
