@@ -400,3 +400,17 @@ def ledger_month(*, month: date, until: datetime | None = None) -> LedgerReport:
     problems += [p for g in ledgers for p in g.problems]
     problems += ledger.metering_gaps(metered)
     return LedgerReport(month=month, start_ms=start_ms, end_ms=end_ms, gpus=ledgers, problems=problems)
+
+
+def model_prices(*, at) -> dict[str, float]:
+    """GPU model -> price of a dedicated GPU-hour in force at ``at`` (the placement core's price term:
+    the cheapest fitting model first for a job that names none). Models without a price are absent."""
+    prices: dict[str, float] = {}
+    rows = (
+        Price.objects.filter(mode=Price.Mode.DEDICATED, effective_from__lte=at)
+        .order_by("gpu_model", "-effective_from")
+        .values_list("gpu_model", "per_gpu_hour")
+    )
+    for model, price in rows:
+        prices.setdefault(model, float(price))
+    return prices

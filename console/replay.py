@@ -10,10 +10,10 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from agents.models import Gpu
+from billing.selectors import model_prices
 from scheduler import placement
 from scheduler.models import MILLI_PER_GPU, JobMode, PriorityClass, TenantShare
 from scheduler.passes import mig_slots, settings_get
-from scheduler.selectors import model_prices
 
 from . import selectors, whatif
 from .rules import ClassDraft, RuleSet

@@ -145,22 +145,6 @@ def scheduler_settings():
     return settings_get()
 
 
-def model_prices(*, at) -> dict[str, float]:
-    """GPU model -> price of a dedicated GPU-hour in force at ``at`` (the placement core's price term:
-    the cheapest fitting model first for a job that names none). Models without a price are absent."""
-    from billing.models import Price
-
-    prices: dict[str, float] = {}
-    rows = (
-        Price.objects.filter(mode=Price.Mode.DEDICATED, effective_from__lte=at)
-        .order_by("gpu_model", "-effective_from")
-        .values_list("gpu_model", "per_gpu_hour")
-    )
-    for model, price in rows:
-        prices.setdefault(model, float(price))
-    return prices
-
-
 RECENT_JOBS = 500  # the latest submissions whose shapes make the placement core's workload mix
 
 
