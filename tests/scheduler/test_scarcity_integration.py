@@ -8,7 +8,7 @@ import sys
 import pytest
 from django_scopes import scopes_disabled
 
-from accounts.management.commands.seed_demo import prices_ensure
+from console.management.commands.seed_demo import prices_ensure
 from scheduler.models import Allocation, Job, JobState
 from tests.factories import TenantFactory, wait_for
 
