@@ -19,7 +19,7 @@ OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "production"
 # The oldest Kubernetes release the manifests promise to work on, and the newest schemas shipped.
 VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
 WORKLOADS = ("gpushare-web", "gpushare-worker", "gpushare-beat", "gpushare-gateway")
-SECRET_NAMES = {"gpushare", "gpushare-agent", "gpushare-agent-nodes"}
+SECRET_NAMES = {"gpushare", "gpushare-agent", "gpushare-agent-nodes", "gpushare-nodelink"}
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +141,30 @@ def test_the_agent_runs_on_every_gpu_node_as_nvml_needs(rendered):
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "limits" not in container["resources"]  # its jobs are its children
+
+
+def _pod(rendered, kind: str, name: str) -> tuple[dict, dict, dict]:
+    pod = by_kind(rendered, kind)[name]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return pod, mounts, volumes
+
+
+def test_the_signing_key_reaches_the_signers_and_only_its_public_half_the_agents(rendered):
+    """Web and workers sign every command to an agent (the node link): they mount the Secret where
+    GPUSHARE_NODELINK_KEY_DIR points; an agent gets the public keys only, from a ConfigMap."""
+    config = by_kind(rendered, "ConfigMap")["gpushare"]["data"]
+    for name in ("gpushare-web", "gpushare-worker"):
+        pod, mounts, volumes = _pod(rendered, "Deployment", name)
+        assert volumes["nodelink-key"]["secret"]["secretName"] == "gpushare-nodelink"
+        assert mounts["nodelink-key"]["mountPath"] == config["GPUSHARE_NODELINK_KEY_DIR"]
+        assert mounts["nodelink-key"]["readOnly"] is True
+        mode, uid = volumes["nodelink-key"]["secret"]["defaultMode"], pod["securityContext"]["runAsUser"]
+        assert mode & 0o007 == 0 and mode & 0o040 and pod["securityContext"]["fsGroup"] == uid  # readable by it alone
+    pod, mounts, volumes = _pod(rendered, "DaemonSet", "gpushare-agent")
+    assert all(v.get("secret", {}).get("secretName") != "gpushare-nodelink" for v in volumes.values())
+    assert volumes["nodelink-public"]["configMap"]["name"] == "gpushare-nodelink-public"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    key_file = env["GPUSHARE_NODELINK_PUBLIC_KEY_FILE"]
+    assert key_file == mounts["nodelink-public"]["mountPath"] + "/trusted.pub"
