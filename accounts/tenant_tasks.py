@@ -17,6 +17,8 @@ to run twice. Tasks that act for the platform (beat sweeps) or for a node (agent
 
 from __future__ import annotations
 
+import inspect
+
 import celery
 from django.apps import apps
 from django_scopes import scope, scopes_disabled
@@ -36,7 +38,11 @@ class TenantTask(celery.Task):
         if cls.tenant_from is None:
             raise TypeError(f"{cls.name}: a TenantTask needs tenant_from ('tenant_id' or (model label, kwarg))")
 
-    def tenant_id_for(self, kwargs: dict) -> int | None:
+    def tenant_id_for(self, args: tuple, kwargs: dict) -> int | None:
+        try:  # positional or keyword, as the task's signature names them
+            kwargs = inspect.signature(self.run).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            pass
         spec = self.tenant_from
         if spec == "tenant_id":
             if kwargs.get("tenant_id") is None:
@@ -44,13 +50,13 @@ class TenantTask(celery.Task):
             return int(kwargs["tenant_id"])
         label, arg = spec
         if kwargs.get(arg) is None:
-            raise TenantScopeMissing(f"{self.name} acts for a tenant: call it with {arg}= (keyword)")
+            raise TenantScopeMissing(f"{self.name} acts for a tenant: call it with {arg}=")
         model = apps.get_model(label)
         with scopes_disabled():  # the one lookup that finds the scope to enter
             return model.objects.filter(pk=kwargs[arg]).values_list("tenant_id", flat=True).first()
 
     def __call__(self, *args, **kwargs):
-        tenant_id = self.tenant_id_for(kwargs)
+        tenant_id = self.tenant_id_for(args, kwargs)
         # Never scope(tenant=None): django-scopes reads None as "no filter" (every tenant's rows).
         with scope(tenant=tenant_id if tenant_id is not None else []):
             return super().__call__(*args, **kwargs)

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
     os.environ.setdefault("GPUSHARE_API_RATE", "100000/s")
+    os.environ.setdefault("GPUSHARE_TENANT_API_RATE", "100000/s")
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         print("set DATABASE_URL to a scratch PostgreSQL database", file=sys.stderr)
         return 2

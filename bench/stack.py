@@ -72,6 +72,7 @@ def platform_env(config: StackConfig, var_dir: Path) -> dict:
         "GPUSHARE_VAR_DIR": str(var_dir),
         # The benchmark measures the machinery, not the per-token rate limit.
         "GPUSHARE_API_RATE": "100000/s",  # a 1 s window keeps the throttle history short
+        "GPUSHARE_TENANT_API_RATE": "100000/s",  # and not the tenant's plan limit (600/min) either
         "CELERY_WORKER_PREFETCH_MULTIPLIER": str(config.worker_prefetch),
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",

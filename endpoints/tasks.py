@@ -2,6 +2,8 @@
 
 from celery import shared_task
 
+from accounts.tenant_tasks import TenantTask
+
 from . import services
 
 
@@ -10,7 +12,12 @@ def endpoint_autoscale_all_task() -> int:
     return services.endpoint_autoscale_all()
 
 
-@shared_task(name="endpoints.autoscale_one", ignore_result=True)
+@shared_task(
+    name="endpoints.autoscale_one",
+    base=TenantTask,
+    tenant_from=("endpoints.Endpoint", "endpoint_id"),
+    ignore_result=True,
+)
 def endpoint_autoscale_task(endpoint_id: int) -> None:
     services.endpoint_autoscale(endpoint_id=endpoint_id)
 

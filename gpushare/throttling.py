@@ -149,13 +149,16 @@ class TenantRateThrottle(TokenRateThrottle):
         self._tenant_id = principal.tenant.pk if isinstance(principal, TokenPrincipal) else None
         if self._tenant_id is None:
             return True
-        self._limit = tenant_rate_limit(self._tenant_id)
+        self._override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # GPUSHARE_TENANT_API_RATE
+        self._limit = None if self._override else tenant_rate_limit(self._tenant_id)
         allowed = super().allow_request(request, view)
         if not allowed:
-            request._request.throttled_by_tenant = self._limit
+            request._request.throttled_by_tenant = self._override or self._limit
         return allowed
 
     def get_rate(self):
+        if getattr(self, "_override", None):
+            return self._override
         limit = getattr(self, "_limit", None)
         return None if limit is None else f"{limit}/min"
 

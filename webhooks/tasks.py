@@ -2,10 +2,14 @@
 
 from celery import shared_task
 
+from accounts.tenant_tasks import TenantTask
+
 from . import services
 
 
-@shared_task(name="webhooks.deliver", ignore_result=True)
+@shared_task(
+    name="webhooks.deliver", base=TenantTask, tenant_from=("webhooks.Delivery", "delivery_id"), ignore_result=True
+)
 def delivery_send_task(*, delivery_id: int) -> None:
     services.delivery_send(delivery_id=delivery_id)
 

@@ -170,7 +170,11 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_THROTTLE_RATES": {"token": os.environ.get("GPUSHARE_API_RATE", "600/min")},
+    "DEFAULT_THROTTLE_RATES": {
+        "token": os.environ.get("GPUSHARE_API_RATE", "600/min"),
+        # Unset: each tenant's plan limit api_requests_per_minute. Set (benchmarks): one rate for every tenant.
+        "tenant": os.environ.get("GPUSHARE_TENANT_API_RATE") or None,
+    },
     "UNAUTHENTICATED_USER": None,
 }
 # Request bodies over this are refused (413 on /api/; see gpushare.api.ApiBodyLimitMiddleware).

@@ -13,7 +13,6 @@ from django.db.models.expressions import RawSQL
 from django_scopes import scopes_disabled
 
 from agents.models import Gpu
-from billing.models import UsageWindow
 
 from ..models import Allocation, Job, JobState, PriorityClass
 
@@ -100,7 +99,7 @@ def job_metric_series(*, job: Job, max_points: int = MAX_METRIC_POINTS) -> dict:
     Each point: start/end (ms), SM utilisation % (averaged over the job's GPUs),
     average and peak GPU memory (MB) and mean power (W = mJ / ms). Two queries.
     """
-    windows = UsageWindow.objects.filter(job=job)
+    windows = job.usage_windows.all()  # billing's windows, by the reverse relation (billing is above us)
     span = windows.aggregate(first=Min("start_ms"), last=Max("end_ms"))
     if span["first"] is None:
         return {"bucket_ms": 0, "points": []}

@@ -13,8 +13,6 @@ from accounts.services import quota_set
 from tests.factories import TenantFactory, platform_rules_seed, token_for
 from tests.processes import _spawn, _stop, process_env
 
-pytestmark = pytest.mark.integration
-
 
 def _gunicorn(env: dict):
     with socket.socket() as probe:
@@ -35,6 +33,7 @@ def _gunicorn(env: dict):
     raise RuntimeError("gunicorn did not start")
 
 
+@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_two_tokens_on_two_web_processes_share_the_tenants_allowance():
     platform_rules_seed()
@@ -75,3 +74,25 @@ def test_two_tokens_on_two_web_processes_share_the_tenants_allowance():
     finally:
         for proc, _ in servers:
             _stop(proc)
+
+
+@pytest.mark.django_db
+def test_two_tokens_of_one_tenant_share_its_allowance_in_process(rules, tenant, other_tenant, api_client_for):
+    from tests.api.helpers import assert_error
+
+    quota_set(tenant=tenant, actor=None, api_requests_per_minute=3)
+    first, second = api_client_for(tenant), api_client_for(tenant)
+    assert [c.get("/api/v1/jobs/").status_code for c in (first, second, first)] == [200, 200, 200]
+    error = assert_error(second.get("/api/v1/jobs/"), 429, "rate_limited")
+    assert "limit api_requests_per_minute=3" in error["message"]
+    assert api_client_for(other_tenant).get("/api/v1/jobs/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_one_platform_rate_can_replace_every_tenants_limit(rules, tenant, api_client_for, settings):
+    """GPUSHARE_TENANT_API_RATE (what make bench sets) overrides the plan limits."""
+    rates = {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "tenant": "100000/min"}
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    quota_set(tenant=tenant, actor=None, api_requests_per_minute=1)
+    client = api_client_for(tenant)
+    assert [client.get("/api/v1/jobs/").status_code for _ in range(3)] == [200, 200, 200]
