@@ -384,18 +384,24 @@ class Fleet:
                 continue
             per_node = self.idle_dedicated.gpus[model]
             op = ("whole", need)
+            low = request.cpu_milli.bit_length() if request.cpu_milli > 0 else 0
             for count in range(need, len(buckets)):
                 bucket = buckets[count]
                 if not bucket.size:
                     continue
-                if best is not None and (*model_key, 0, 0, count != need) > best[0][:5]:
+                prefix = (*model_key, 0, 0, count != need)  # the best any node of this bucket can score
+                if best is not None and prefix > best[0][:5]:
                     continue  # nothing in this bucket can beat what we have
                 items = bucket.items
-                for entries in bucket.bands_for(request.cpu_milli):
+                for band, entries in bucket.bands.items():
+                    if band < low:
+                        continue  # too little CPU free on every node of the band
                     looked = missed = 0
+                    # beyond this place in the fleet's order nothing of the bucket beats the best
+                    limit = best[0][5] if best is not None and prefix == best[0][:5] else None
                     for order, name in entries:
-                        if best is not None and (*model_key, 0, 0, count != need, order) >= best[0]:
-                            break  # later in the order: no better than what we have
+                        if limit is not None and order > limit:
+                            break
                         node = items[name][2]
                         if not node.host_fits(request.cpu_milli, request.memory_mib):
                             missed += 1
@@ -418,6 +424,7 @@ class Fleet:
                         key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                         if best is None or key < best[0]:
                             best = (key, node, gpus)
+                            limit = best[0][5] if prefix == best[0][:5] else None
                         looked += 1
                         if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                             break
