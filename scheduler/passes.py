@@ -364,7 +364,8 @@ def schedule_pass(*, now=None) -> PassResult:
 
 def placement_inputs(now) -> dict:
     """What the placement score reads besides the queue (see :mod:`scheduler.placement.score`): model
-    prices and the recent mix of request shapes. The console's what-if passes the same."""
+    prices and the recent mix of request shapes (the console's what-if passes the same prices; its mix is its
+    replayed queue)."""
     from .pricing import model_prices
     from .selectors import recent_shapes
 

@@ -166,6 +166,7 @@ class Fleet:
         self.needed: frozenset[str] = frozenset()
         self._frees: dict[tuple[str, str], tuple[int, ...]] = {}
         self._models_of: dict[str, list[str]] = {}
+        self._counts: dict[tuple[str, str], int] = {}
         self.gpus: dict[str, GpuSlot] = {}
         self.model_memory: dict[str, int] = {}  # model -> largest memory of a GPU of it
         width = max((len(n.gpus) for n in nodes), default=0)
@@ -226,11 +227,14 @@ class Fleet:
     # -- changes ---------------------------------------------------------------
     def use_host(self, node: NodeSlot, cpu_milli: int, memory_mib: int) -> None:
         """Host CPU and memory taken on ``node``; its entries move to their new CPU band."""
+        before = cpu_band(node) if cpu_milli and node.cpu_milli else None
         node.used_cpu_milli += cpu_milli
         node.used_memory_mib += memory_mib
-        if not cpu_milli or not node.cpu_milli:
+        if before is None:
             return
         band = cpu_band(node)
+        if band == before:
+            return  # still in its band: nothing moves
         if node.name in self.hosts:
             self.hosts.rekey(node.name, band)
         models = self._node_models(node)
@@ -273,6 +277,8 @@ class Fleet:
         return [m for m in models if self.model_memory[m] >= request.gpu_memory_mb]
 
     def usable(self, gpu: GpuSlot, end_ms: float) -> bool:
+        if not self.reserved:
+            return True
         until = self.reserved.get(gpu.uuid)
         return until is None or end_ms <= until
 
@@ -314,6 +320,13 @@ class Fleet:
         if models is None:
             models = self._models_of[node.name] = sorted({g.model for g in node.gpus if g.healthy})
         return models
+
+    def _gpu_count(self, node: NodeSlot, model: str) -> int:
+        key = (node.name, model)
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = sum(1 for g in node.gpus if g.model == model and g.healthy)
+        return count
 
     def frees(self, node: NodeSlot, model: str) -> tuple[int, ...]:
         """Free thousandths of each usable GPU of ``model`` on ``node``, sorted (0: held whole or full)."""
@@ -361,6 +374,7 @@ class Fleet:
         if need == 0:
             return self.find_host(request)
         best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
+        reserved = bool(self.reserved)
         for model in self.models_for(request):
             buckets = self.idle_dedicated.buckets.get(model)
             if not buckets:
@@ -370,35 +384,47 @@ class Fleet:
                 continue
             per_node = self.idle_dedicated.gpus[model]
             op = ("whole", need)
+            low = request.cpu_milli.bit_length() if request.cpu_milli > 0 else 0
             for count in range(need, len(buckets)):
                 bucket = buckets[count]
                 if not bucket.size:
                     continue
+                prefix = (*model_key, 0, 0, count != need)  # the best any node of this bucket can score
+                if best is not None and prefix > best[0][:5]:
+                    continue  # nothing in this bucket can beat what we have
                 items = bucket.items
-                for entries in bucket.bands_for(request.cpu_milli):
+                for band, entries in bucket.bands.items():
+                    if band < low:
+                        continue  # too little CPU free on every node of the band
                     looked = missed = 0
+                    # beyond this place in the fleet's order nothing of the bucket beats the best
+                    limit = best[0][5] if best is not None and prefix == best[0][:5] else None
                     for order, name in entries:
-                        if best is not None and (*model_key, 0, 0, count != need, order) >= best[0]:
-                            break  # later in the order: no better than what we have
+                        if limit is not None and order > limit:
+                            break
                         node = items[name][2]
                         if not node.host_fits(request.cpu_milli, request.memory_mib):
                             missed += 1
                             if missed >= MISSES_PER_BUCKET and best is not None:
                                 break
                             continue
-                        gpus = [
-                            g
-                            for g in per_node[name].values()
-                            if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
-                        ]
-                        if len(gpus) < need:
-                            continue
+                        if reserved or request.gpu_memory_mb:
+                            gpus = [
+                                g
+                                for g in per_node[name].values()
+                                if g.memory_mb >= request.gpu_memory_mb and self.usable(g, end_ms)
+                            ]
+                            if len(gpus) < need:
+                                continue
+                        else:
+                            gpus = list(per_node[name].values())
                         lost = self.scarce_lost(node, model, request, op)
                         strands = _strands(node, count - need, request)
-                        fit = 0 if count == need else 2 if count == len(self.frees(node, model)) else 1
+                        fit = 0 if count == need else 2 if count == self._gpu_count(node, model) else 1
                         key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                         if best is None or key < best[0]:
                             best = (key, node, gpus)
+                            limit = best[0][5] if prefix == best[0][:5] else None
                         looked += 1
                         if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                             break
@@ -446,6 +472,8 @@ class Fleet:
                 buckets = self.room[model]
                 first = bisect_left(keys, request.share_milli)
                 for free in keys[first : first + ROOM_KEYS]:
+                    if best[0] is not None and free != request.share_milli and (*model_key, 0, 0, 1) > best[0][:5]:
+                        break  # partial fits from here on: none beats what we have
                     self._slice_scan(buckets[free], model, model_key, request, end_ms, best, shared=True)
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
@@ -457,6 +485,8 @@ class Fleet:
     def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
         order, scored into ``best`` (stops at the first that loses no scarce place)."""
+        if best[0] is not None and not shared and (*model_key, 0, 0, 1) > best[0][:5]:
+            return  # an idle GPU (a partial fit at best) cannot beat what we have
         per_node = None if shared else self.idle_shared.gpus[model]
         items = bucket.items
         for entries in bucket.bands_for(request.cpu_milli):
@@ -484,7 +514,7 @@ class Fleet:
                 lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
                 strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
                 fit = exact
-                if not shared and len(per_node[name]) == len(self.frees(node, model)):
+                if not shared and len(per_node[name]) == self._gpu_count(node, model):
                     fit = 2  # the first slice on a node with every GPU idle: breaks a whole node
                 key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                 if best[0] is None or key < best[0]:

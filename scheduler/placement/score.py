@@ -11,18 +11,21 @@ request fits, the one whose fragmentation grows least (``delta``) keeps the
 most capacity usable for what arrives next.
 
 :class:`Mix` is the workload's shape: classes of request (GPUs, per-GPU share
-in eighths, allowed models) with their weight, learned from the requests seen
-(recent submissions and the queue). Two refinements over plain popularity:
+in tenths, allowed models, and for gangs the CPU they ask for, in powers of
+two) with their weight and the median CPU, memory and share of their recent
+members, learned from the requests seen (``Policy.recent`` and the queue, or
+every request offered to a :class:`~.core.Session`). From it:
 
-- *scarcity of places*: a class's weight is raised when few nodes can still
-  host it (the largest gangs: an 8-GPU job fits only on a node with 8 idle
-  GPUs and the CPU to match), so breaking up one of those few nodes costs
-  more than breaking one of many;
+- *scarce classes*: gang classes with fewer places left in the fleet than
+  requests of them expected before it fills (the largest gangs: an 8-GPU job
+  with 88 cores fits only on a node with 8 idle GPUs and the CPU to match).
+  :meth:`Frag.delta` measures fragmentation against these only; the fleet
+  breaks one of their few places last (``Fleet.scarce_lost``);
 - *model scarcity*: the share of recent GPU demand that may only run on given
   models tells, per model, how much of its free capacity constrained work is
   expected to need; a model whose free capacity that demand would take
   (``needed``) is kept for it: work that could run anywhere goes elsewhere
-  first.
+  first (after the models constrained jobs waiting in the queue name).
 
 Everything here is plain arithmetic over plain data: deterministic, no I/O.
 """
