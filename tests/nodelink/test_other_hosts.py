@@ -35,12 +35,14 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
 import pytest
 import redis
 import requests
 from django.conf import settings
 from django_scopes import scopes_disabled
 
+from agents.agent.netpolicy import table_name
 from agents.brokeracl import redis_acl_rules, redis_user
 from agents.models import Node
 from billing.models import UsageWindow
@@ -159,8 +161,9 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
     db = urlsplit(settings.REDIS_URL).path.lstrip("/") or "0"
     started: list[AgentProcess] = []
     users: list[str] = []
+    pools: list[tuple[int, int]] = []
 
-    def make(host: str, node: str, gpus: str) -> AgentProcess:
+    def make(host: str, node: str, gpus: str, extra=()) -> AgentProcess:
         # What the operator carries to the node: a credential, a broker password, the platform's public keys.
         token = node_credential_issue(name=node)
         password = secrets.token_urlsafe(16)
@@ -201,14 +204,13 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
             str(var_dir),
             "--gpus",
             gpus,
-            "--tenancy",
-            "single",
             "--sample-interval",
             "0.2",
             "--window",
             "1",
             "--heartbeat",
             "1",
+            *(extra or ["--tenancy", "single"]),
         ]
         # Nothing of the platform's environment: no DATABASE_URL, REDIS_URL, settings module or key.
         env = {
@@ -218,6 +220,8 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
             "PYTHONUNBUFFERED": "1",
             "GPUSHARE_NODELINK_PUBLIC_KEY_FILE": str(etc / "platform-keys.pub"),
         }
+        if "--uid-pool" in extra:
+            pools.append(tuple(int(u) for u in extra[list(extra).index("--uid-pool") + 1].split("-")))
         agent = AgentProcess(node=node, token=token, argv=argv, env=env, var_dir=var_dir).start()
         started.append(agent)
         wait_for(
@@ -235,6 +239,15 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
     yield make
     for agent in started:
         agent.stop()
+    for first, last in pools:  # a multi-tenant node's job uids: nothing left running, no lock file left
+        for proc in psutil.process_iter(["uids"]):
+            if proc.info["uids"] and first <= proc.info["uids"].real <= last:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        for uid in range(first, last + 1):
+            Path(f"/run/gpushare/uids/{uid}").unlink(missing_ok=True)
     for user in users:
         admin.execute_command("ACL", "DELUSER", user)
 
@@ -274,12 +287,27 @@ def lan_beat(platform, tmp_path):
     _stop(proc)
 
 
-# A job on a node host: what it can see of the platform's host (nothing), then a little work.
+@pytest.fixture
+def work_root():
+    """Job work dirs of the multi-tenant node: a root every job uid can traverse (tmp_path is 0700)."""
+    root = Path(f"/tmp/gpushare-hosts-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    root.mkdir(mode=0o711)
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# Jobs on the multi-tenant node run as pool uids, which cannot enter this venv's interpreter (under /root).
+PY = "/usr/bin/python3"
+
+# A job on a node host: what it can see of the platform's host, then a little work.
 PROBE = r"""
 import os, socket, sys, time
-for name, port in (("redis", {redis}), ("postgres", {pg})):
+for name, (host, port) in (
+    ("redis", ("127.0.0.1", {redis})), ("postgres", ("127.0.0.1", {pg})), ("lan_broker", ({lan!r}, {lan_port}))
+):
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        socket.create_connection((host, port), timeout=2).close()
         print(name + "=reachable")
     except OSError as exc:
         print(name + "=" + type(exc).__name__)
@@ -315,7 +343,7 @@ def _logs(platform, session, job_id: int, marker: str) -> str:
 
 
 def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
-    platform, hosts, remote_agent, lan_gateway, lan_beat
+    platform, hosts, broker_on_the_lan, remote_agent, work_root, lan_gateway, lan_beat
 ):
     from django.db import connection
 
@@ -323,7 +351,26 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
 
     started = time.monotonic()
     a = remote_agent("a", f"host-a-{hosts.tag}", "sim:1xH100-80GB")
-    b = remote_agent("b", f"host-b-{hosts.tag}", "sim:1xL4-24GB")
+    # Host b is multi-tenant: a uid per job, and an nftables policy in its own namespace that keeps jobs off
+    # the platform's addresses and lets only the gateway's host into replica ports.
+    base = 1_900_000_000 + int(hosts.tag, 16) % 90_000 * 1000
+    b = remote_agent(
+        "b",
+        f"host-b-{hosts.tag}",
+        "sim:1xL4-24GB",
+        extra=[
+            "--tenancy",
+            "multi",
+            "--uid-pool",
+            f"{base}-{base + 7}",
+            "--work-root",
+            str(work_root / "b"),
+            "--platform-addresses",
+            f"{hosts.platform_address}/32",
+            "--gateway-addresses",
+            f"{hosts.platform_address}/32",
+        ],
+    )
     nodes = {n.name: n for n in Node.objects.filter(name__in=[a.node, b.node])}
     # Each registered with the address it advertised on its own link, not the platform's loopback.
     assert nodes[a.node].address == hosts.addresses["a"]
@@ -331,6 +378,19 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
     for agent in (a, b):
         assert agent.proc.poll() is None, agent.log()[-2000:]
         assert list(agent.var_dir.iterdir()), "the agent keeps its state in its own var dir"
+    # Without --advertise-address an agent would pick its address on the route to the broker: its own link's.
+    broker = a.argv[a.argv.index("--broker") + 1]
+    detect = "import sys; from agents.agent.address import address_detect; print(address_detect(sys.argv[1]))"
+    detected = subprocess.run(
+        [*hosts.exec_argv("a"), sys.executable, "-c", detect, broker], capture_output=True, text=True, check=True
+    )
+    assert detected.stdout.strip() == hosts.addresses["a"]
+    # The multi-tenant node's nftables policy is its host's own: in b's namespace, not on the platform's host.
+    tables = subprocess.run(
+        [*hosts.exec_argv("b"), "nft", "list", "tables"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"table inet {table_name(b.node)}" in tables
+    assert table_name(b.node) not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
 
     tenant = TenantFactory(slug="acme")
     session = platform.session_for(tenant)
@@ -338,6 +398,8 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
         redis=urlsplit(settings.REDIS_URL).port or 6379,
         pg=int(connection.settings_dict["PORT"] or 5432),
         key=str(key_dir() / SIGNING),
+        lan=hosts.platform_address,
+        lan_port=broker_on_the_lan.port,
     )
     assert (key_dir() / SIGNING).exists()  # the platform's key, which the nodes must not see
 
@@ -350,7 +412,7 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
     sliced = _job(
         platform,
         session,
-        {"kind": "inference", "gpus": 0.25, "gpu_model": "L4-24GB", "command": [sys.executable, "-c", probe]},
+        {"kind": "inference", "gpus": 0.25, "gpu_model": "L4-24GB", "command": [PY, "-c", probe]},
     )
     for created, node in ((training, a.node), (sliced, b.node)):
         job = _finished(platform, session, created["id"])
@@ -358,8 +420,14 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
         assert job["node"] == node and job["exit_code"] == 0
         log = _logs(platform, session, job["id"], "visible=")
         # The job ran on its own host: the platform's loopback services are not there, nor its key.
-        assert "redis=ConnectionRefusedError" in log and "postgres=ConnectionRefusedError" in log, log
+        # (Refused on the single-tenant node, whose loopback has nothing there; the multi-tenant node's policy
+        # drops a job's packets to local addresses before that.)
+        assert "redis=" in log and "redis=reachable" not in log and "postgres=reachable" not in log, log
+        if node == a.node:
+            assert "redis=ConnectionRefusedError" in log and "postgres=ConnectionRefusedError" in log, log
         assert "signing_key_visible=False" in log, log
+        if node == b.node:  # the multi-tenant node's policy: the platform's LAN address is refused to jobs
+            assert "lan_broker=ConnectionRefusedError" in log, log
         assert f"visible={job['gpu_uuids'][0]}" in log
         with scopes_disabled():
             windows = list(UsageWindow.objects.filter(job_id=job["id"]).order_by("seq"))
@@ -375,7 +443,7 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
         f"{platform.url}/api/v1/endpoints/",
         json={
             "name": "echo",
-            "command": [sys.executable, MODEL_SERVER],
+            "command": [PY, MODEL_SERVER],
             "env": {"SLEEP_S": "0.05", "BIND": "0.0.0.0"},
             "gpus": 0.25,
             "gpu_model": "L4-24GB",
