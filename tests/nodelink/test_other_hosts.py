@@ -14,8 +14,8 @@ Each agent has what an operator gives a node, and nothing else: its own var
 dir, its credential in a 0600 token file, the platform's public keys in a file
 copied in, a broker URL with its own Redis ACL user (``manage.py
 node_credential``), ``--advertise-address`` set to its namespace's address; no
-database URL, no Django settings, and the platform's signing-key directory is
-hidden from it (an empty tmpfs in its own mount namespace).
+database URL, no Django settings, and the platform's var dir and signing-key
+directory are hidden from it (empty tmpfs in its own mount namespace).
 
 End to end: a training job runs on one node, a 1/4 slice on the other, and an
 inference request through the gateway reaches a replica on a node over the
@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -151,10 +152,20 @@ def broker_on_the_lan(hosts):
     proxy.close()
 
 
+def _hidden() -> list[Path]:
+    """The platform's own directories, which a node on another host does not have: its var dir and key dir."""
+    from agents.nodelink import key_dir
+
+    var_dir, keys = Path(settings.VAR_DIR).resolve(), key_dir().resolve()
+    keys.mkdir(parents=True, exist_ok=True)
+    var_dir.mkdir(parents=True, exist_ok=True)
+    return [var_dir] if keys.is_relative_to(var_dir) else [var_dir, keys]
+
+
 @pytest.fixture
 def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
     """``remote_agent(host, node, gpus)``: an agent in ``host``'s namespace, set up as an operator would."""
-    from agents.nodelink import key_dir, trusted_keys
+    from agents.nodelink import trusted_keys
     from agents.services import node_credential_issue
 
     admin = redis.Redis.from_url(settings.REDIS_URL)
@@ -176,9 +187,8 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
         (etc / "platform-keys.pub").write_text("\n".join(trusted_keys()) + "\n")
         broker = f"redis://{redis_user(node)}:{password}@{hosts.platform_address}:{broker_on_the_lan.port}/{db}"
         var_dir = tmp_path / f"host-{host}" / "var"
-        # Its own mount namespace too: the platform's signing keys are not there (an empty tmpfs over them).
-        hide = key_dir()
-        hide.mkdir(parents=True, exist_ok=True)
+        # Its own mount namespace too: the platform's var dir and signing keys are not there (empty tmpfs over them).
+        mounts = " && ".join(f"mount -t tmpfs -o size=64k,mode=700 gshidden {shlex.quote(str(d))}" for d in _hidden())
         argv = [
             *hosts.exec_argv(host),
             "unshare",
@@ -187,8 +197,7 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
             "private",
             "sh",
             "-c",
-            'mount -t tmpfs -o size=64k,mode=700 gshidden "$0" && exec "$@"',
-            str(hide),
+            f'{mounts} && exec "$0" "$@"',
             sys.executable,
             "-m",
             "agents",
