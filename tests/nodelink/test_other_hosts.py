@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -81,12 +82,11 @@ def ip(*args: str, netns: str = "") -> str:
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
-    """10.231.77.0/24, or the next 10.231.x.0/24 no interface of this machine uses (a parallel run)."""
-    used = ip("-4", "-o", "addr", "show")
+    """10.231.77.0/24, or the next 10.231.x.0/24 no address or route of this machine uses (a parallel run)."""
+    used = ip("-4", "-o", "addr", "show") + ip("-4", "route", "show", "table", "all")
     for third in range(77, 127):
-        net = ipaddress.IPv4Network(f"10.231.{third}.0/24")
-        if f" 10.231.{third}." not in used:
-            return net
+        if not re.search(rf"\b10\.231\.{third}\.", used):
+            return ipaddress.IPv4Network(f"10.231.{third}.0/24")
     raise RuntimeError("no free 10.231.x.0/24 for the test's hosts")
 
 
@@ -102,7 +102,16 @@ class Hosts:
         self.namespaces: dict[str, str] = {}
         self.addresses: dict[str, str] = {}
         self._links: list[str] = []
+        self._bridge_made = False
+        try:
+            self._make(names, hosts[1:])
+        except BaseException:
+            self.close()  # whatever was made before the failure
+            raise
+
+    def _make(self, names: tuple[str, ...], addresses: list) -> None:
         ip("link", "add", self.bridge, "type", "bridge")
+        self._bridge_made = True
         ip("addr", "add", f"{self.platform_address}/{self.net.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
         for i, name in enumerate(names):
@@ -114,7 +123,7 @@ class Hosts:
             ip("link", "set", inner, "netns", ns)
             ip("link", "set", outer, "master", self.bridge)
             ip("link", "set", outer, "up")
-            address = str(hosts[1 + i])
+            address = str(addresses[i])
             ip("addr", "add", f"{address}/{self.net.prefixlen}", "dev", inner, netns=ns)
             ip("link", "set", inner, "up", netns=ns)
             ip("link", "set", "lo", "up", netns=ns)
@@ -132,7 +141,7 @@ class Hosts:
                 except ProcessLookupError:
                     pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        for link in [*self._links, self.bridge]:
+        for link in [*self._links, *([self.bridge] if self._bridge_made else [])]:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
