@@ -30,10 +30,12 @@ import re
 import secrets
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -335,6 +337,13 @@ time.sleep(1.5)
 """
 
 
+def _outbox(agent: AgentProcess) -> list[str]:
+    """The reports still in the agent's outbox, not yet acknowledged (its own state file, read-only)."""
+    path = agent.var_dir / "agent" / agent.node / "state.sqlite3"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        return [task for (task,) in db.execute("SELECT task FROM outbox")]
+
+
 def _job(platform, session, body: dict) -> dict:
     response = session.post(f"{platform.url}/api/v1/jobs/", json=body, timeout=10)
     assert response.status_code == 201, response.text
@@ -453,6 +462,11 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
         assert [w.seq for w in windows] == list(range(len(windows)))
         assert job["usage"]["gpu_seconds"] > 0 and float(job["cost"]) > 0
     assert float(_finished(platform, session, sliced["id"])["gpus"]) == 0.25
+    # Delivery is end to end across the link: each agent's outbox lets go of its reports (registration, job
+    # events, usage windows, log chunks) only when the platform's acknowledgements come back over it. Nothing
+    # runs on either node now, so both outboxes empty.
+    for agent in (a, b):
+        wait_for(lambda agent=agent: not _outbox(agent), timeout=60, what=f"{agent.node}'s outbox acknowledged")
 
     # An endpoint: its replica on host b, the gateway on the platform's host reaching it over the veth.
     token = token_for(tenant, scopes=SCOPES)
