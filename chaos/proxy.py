@@ -13,9 +13,10 @@ import threading
 
 
 class CuttableProxy:
-    def __init__(self, target_host: str, target_port: int):
+    def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1"):
         self.target = (target_host, target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listen_host = listen_host  # another address of this host's (a veth's: tests/nodelink/test_other_hosts.py)
+        self.listener = socket.create_server((listen_host, 0))
         self.port = self.listener.getsockname()[1]
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
@@ -111,7 +112,7 @@ class CuttableProxy:
 
     def url(self, db: int) -> str:
         """A Redis URL through this proxy."""
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        return f"redis://{self.listen_host}:{self.port}/{db}"
 
     def close(self) -> None:
         self.running = False

@@ -1,7 +1,8 @@
 """A tiny "model server" for endpoint tests: answers on $PORT, sleeps per request.
 
-GET /health -> 200; GET|POST /predict -> JSON with the replica's version and pid
-after SLEEP_S seconds; GET /stream -> 5 chunks, 0.2 s apart (token streaming).
+GET /health -> 200; GET|POST /predict -> JSON with the replica's version, pid and the
+caller's address after SLEEP_S seconds; GET /stream -> 5 chunks, 0.2 s apart (token streaming).
+Listens on $BIND (default 127.0.0.1; 0.0.0.0 for a gateway on another host).
 """
 
 import json
@@ -48,7 +49,15 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         time.sleep(SLEEP_S)
-        return self._json(200, {"version": VERSION, "pid": os.getpid(), "echo": body.decode(errors="replace")})
+        return self._json(
+            200,
+            {
+                "version": VERSION,
+                "pid": os.getpid(),
+                "echo": body.decode(errors="replace"),
+                "peer": self.client_address[0],
+            },
+        )
 
 
 class Server(ThreadingHTTPServer):
@@ -56,4 +65,4 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 256  # the default backlog (5) resets connections under a burst
 
 
-Server(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+Server((os.environ.get("BIND", "127.0.0.1"), int(os.environ["PORT"])), Handler).serve_forever()
