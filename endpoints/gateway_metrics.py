@@ -80,7 +80,10 @@ class GatewayMetrics:
             raise
         finally:
             self.inflight.labels(*labels).dec()
-            labels = self.labels_for(request)  # a route found by this very request's refresh
+            found = self.labels_for(request)  # a route found by this very request's refresh
+            if found != labels:
+                self.inflight.labels(*found)  # the endpoint's in-flight series exists from its first request on
+                labels = found
             self.requests.labels(*labels, str(code)).inc()
             if code >= 500:
                 self.errors.labels(*labels, str(code)).inc()

@@ -64,7 +64,11 @@ def test_a_real_job_shows_in_the_agent_worker_and_beat_metrics(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     ):
         assert len(samples.get(name, [])) == 4, name
-    assert value(samples, "DCGM_FI_DEV_GPU_UTIL", UUID=uuid, Hostname="obs-node", modelName="H100-80GB") > 10
+    model = job["gpu_model"] or next(  # placement picks the model (the cheapest that fits) when the job names none
+        labels["modelName"] for labels, _ in samples["DCGM_FI_DEV_GPU_UTIL"] if labels.get("UUID") == uuid
+    )
+    assert model in ("H100-80GB", "L4-24GB")
+    assert value(samples, "DCGM_FI_DEV_GPU_UTIL", UUID=uuid, Hostname="obs-node", modelName=model) > 10
     assert value(samples, "DCGM_FI_DEV_XID_ERRORS", UUID=uuid) == 0
     assert value(samples, "gpushare_agent_broker_connected", Hostname="obs-node") == 1
     assert value(samples, "gpushare_agent_outbox_messages", Hostname="obs-node") is not None
