@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,13 +55,12 @@ def stack_start(
     env: dict | None = None,
     agent: bool = True,
     agent_kwargs: dict | None = None,
+    redis_url: str = CHAOS_REDIS_URL,
 ) -> Stack:
     from django.db import connections
 
     connections.close_all()  # the database is about to be dropped and created again
-    config = StackConfig(
-        database_url=CHAOS_DATABASE_URL, redis_url=CHAOS_REDIS_URL, gpus=gpus, extra_env=dict(env or {})
-    )
+    config = StackConfig(database_url=CHAOS_DATABASE_URL, redis_url=redis_url, gpus=gpus, extra_env=dict(env or {}))
     stack = Stack(ctx.workdir / name, config)
     ctx.stacks.append(stack)
     stack.prepare()
@@ -414,6 +414,78 @@ def agent_reports_worker_kills(ctx) -> CaseResult:
     return CaseResult("worker kill -9 at random instants while an agent reports (5 rounds)", c.passed, f, c.results)
 
 
+def _redis_server(port: int) -> subprocess.Popen:
+    """A private Redis on ``port`` that keeps nothing on disk (a restart loses every key and message)."""
+    import redis
+
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_timeout=1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if client.ping():
+                return server
+        except redis.RedisError:
+            time.sleep(0.1)
+    server.kill()
+    raise RuntimeError(f"redis-server on port {port} did not start")
+
+
+def broker_restart(ctx) -> CaseResult:
+    """kill -9 the broker itself (a private Redis without persistence) while an agent reports, start it
+    again empty: every queued message, binding and unacknowledged delivery is gone. The agent's outbox
+    re-sends what the platform never acknowledged; every window is stored once, every job finishes."""
+    from agents.models import QuarantinedWindow
+    from bench.slurm import free_port
+
+    port = free_port()
+    server = _redis_server(port)
+    c, f = Checks(), {"down_s": 3}
+    try:
+        stack = stack_start(
+            ctx,
+            "broker-restart",
+            redis_url=f"redis://127.0.0.1:{port}/0",
+            env={"GPUSHARE_HEARTBEAT_INTERVAL_S": "1", "GPUSHARE_MISSED_HEARTBEATS_DOWN": "60"},
+            agent_kwargs={"sample_interval_s": 0.1, "window_s": 0.3, "env": {"GPUSHARE_AGENT_RESEND_S": "5"}},
+        )
+        seconds = 15 if ctx.quick else 30
+        ids = [submit(stack, sleep_job(seconds)) for _ in range(4)]
+        wait_states(stack, ids, {"running"}, 60, "jobs running")
+        time.sleep(seconds / 3)
+        f["windows_before"] = len(windows_of(ids))
+        server.kill()  # SIGKILL: no shutdown save, and nothing to save anyway
+        server.wait(10)
+        time.sleep(f["down_s"])
+        server = _redis_server(port)  # back, empty
+        f["restarted_at_s"] = round(seconds / 3 + f["down_s"], 1)
+        wait_states(stack, ids, TERMINAL, seconds + 180, "jobs finished after the restart")
+        c("every job succeeded", all(s == "succeeded" for s in states(ids).values()))
+        c(
+            "the agent's outbox drained (every report acknowledged after the restart)",
+            eventually(stack, lambda: outbox_pending(stack) == 0, 120, "outbox empty"),
+        )
+        covered, f["windows"], f["jobs_with_gaps"] = runs_covered(ids)
+        c("no window lost: each job's windows cover its run exactly", covered == len(ids))
+        c("job totals equal their windows (no double charge)", costs_consistent(ids))
+        c("nothing quarantined", not QuarantinedWindow.objects.exists())
+        after = [submit(stack, sleep_job(1)) for _ in range(2)]  # the link works both ways again
+        wait_states(stack, after, TERMINAL, 90, "new jobs after the restart")
+        c("new jobs run after the restart", all(s == "succeeded" for s in states(after).values()))
+    finally:
+        for stack in list(ctx.stacks):
+            if stack.config.redis_url.endswith(f":{port}/0"):
+                stack.stop()
+                ctx.stacks.remove(stack)
+        server.kill()
+        server.wait(10)
+    return CaseResult("broker (Redis) killed and restarted empty while an agent reports", c.passed, f, c.results)
+
+
 def worker_kill_pass(ctx) -> CaseResult:
     """kill -9 the Celery worker during a scheduling pass: no double placement, nothing stuck.
 
@@ -724,6 +796,7 @@ CASES = {
     "broker-cut": broker_cut,
     "worker-kill-ingest": worker_kill_ingest,
     "agent-reports-worker-kills": agent_reports_worker_kills,
+    "broker-restart": broker_restart,
     "worker-kill-pass": worker_kill_pass,
     "db-connections": db_connections_killed,
     "quota-burst": quota_burst,
