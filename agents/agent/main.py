@@ -288,6 +288,12 @@ class Agent:
                 job.enforce()
             self.reap()
             time.sleep(0.1)
+        # The jobs are gone: their kept work dirs and the node's nft table go now, before the flush below
+        # can outlast a supervisor's patience (honcho, systemd and Kubernetes send SIGKILL after a while).
+        for path, (_at, uid) in list(self.workdir_expiry.items()):
+            self._workdir_remove(path, uid)
+        if self.netpolicy is not None:
+            self.netpolicy.remove()
         # Deliver what is left and wait (briefly) for the platform to confirm it; the rest stays in the
         # outbox for the next start.
         flush_deadline = time.monotonic() + 5
@@ -297,10 +303,6 @@ class Agent:
                 self.commands_receive(0.2)
             else:
                 time.sleep(0.2)
-        for path, (_at, uid) in list(self.workdir_expiry.items()):
-            self._workdir_remove(path, uid)
-        if self.netpolicy is not None:
-            self.netpolicy.remove()
         self.metrics.stop()
         self.link.disconnect()
         self.backend.close()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.deploy.test_make_run import nft_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -98,3 +100,4 @@ def test_the_readme_quick_start_works_verbatim(tmp_path):
         except ProcessLookupError:
             pass
         log.close()
+    assert "gpushare_sim_node_1" not in nft_tables()  # the agent removed its rules on the way out
