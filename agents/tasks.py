@@ -69,92 +69,85 @@ def _ack(node, seqs) -> None:
         ack_send(node.name, seqs)
 
 
-@shared_task(name=p.R_REGISTER, ignore_result=True, **RETRY)
-def node_register_task(**kwargs) -> None:
-    if found := _report(p.R_REGISTER, kwargs):
-        node, body, seqs = found
-        services.node_register(node=node, info=body["info"])
-        _ack(node, seqs)
+def report_task(name: str):
+    """A report handler ``handle(node, body, seqs)`` as the Celery task ``name``: the report is parsed and
+    attributed first (:func:`_report`; a refused one never reaches the handler), acknowledged once handled."""
+
+    def wrap(handle):
+        def task(**kwargs) -> None:
+            if found := _report(name, kwargs):
+                node, body, seqs = found
+                handle(node, body, seqs)
+                _ack(node, seqs)
+
+        task.__name__, task.__qualname__, task.__doc__ = handle.__name__, handle.__qualname__, handle.__doc__
+        task.__module__ = handle.__module__
+        return shared_task(name=name, ignore_result=True, **RETRY)(task)
+
+    return wrap
 
 
-@shared_task(name=p.R_HEARTBEAT, ignore_result=True, **RETRY)
-def node_heartbeat_task(**kwargs) -> None:
-    if found := _report(p.R_HEARTBEAT, kwargs):
-        node, body, seqs = found
-        services.node_heartbeat(node=node, gpus=body["gpus"])
-        _ack(node, seqs)
+@report_task(p.R_REGISTER)
+def node_register_task(node, body, seqs) -> None:
+    services.node_register(node=node, info=body["info"])
 
 
-@shared_task(name=p.R_JOB_STARTED, ignore_result=True, **RETRY)
-def job_started_task(**kwargs) -> None:
-    if found := _report(p.R_JOB_STARTED, kwargs):
-        node, body, seqs = found
-        scheduler_services.job_started(node=node, job_id=body["job_id"], attempt=body["attempt"], at_ms=body["at_ms"])
-        _ack(node, seqs)
+@report_task(p.R_HEARTBEAT)
+def node_heartbeat_task(node, body, seqs) -> None:
+    services.node_heartbeat(node=node, gpus=body["gpus"])
 
 
-@shared_task(name=p.R_JOB_EXITED, ignore_result=True, **RETRY)
-def job_exited_task(**kwargs) -> None:
-    if found := _report(p.R_JOB_EXITED, kwargs):
-        node, body, seqs = found
-        if body["windows"]:  # the job's last usage window: stored (idempotently) before the job ends
-            billing_services.usage_windows_ingest(node=node, windows=body["windows"])
-        scheduler_services.job_exited(
-            node=node,
-            job_id=body["job_id"],
-            attempt=body["attempt"],
-            exit_code=body["exit_code"],
-            at_ms=body["at_ms"],
-            reason=body["reason"],
-            lost=body["lost"],
-        )
-        _ack(node, seqs)
+@report_task(p.R_JOB_STARTED)
+def job_started_task(node, body, seqs) -> None:
+    scheduler_services.job_started(node=node, job_id=body["job_id"], attempt=body["attempt"], at_ms=body["at_ms"])
 
 
-@shared_task(name=p.R_USAGE, ignore_result=True, **RETRY)
-def usage_windows_task(**kwargs) -> None:
-    if found := _report(p.R_USAGE, kwargs):
-        node, body, seqs = found
+@report_task(p.R_JOB_EXITED)
+def job_exited_task(node, body, seqs) -> None:
+    if body["windows"]:  # the job's last usage window: stored (idempotently) before the job ends
         billing_services.usage_windows_ingest(node=node, windows=body["windows"])
-        _ack(node, seqs)
+    scheduler_services.job_exited(
+        node=node,
+        job_id=body["job_id"],
+        attempt=body["attempt"],
+        exit_code=body["exit_code"],
+        at_ms=body["at_ms"],
+        reason=body["reason"],
+        lost=body["lost"],
+    )
 
 
-@shared_task(name=p.R_LOGS, ignore_result=True, **RETRY)
-def job_logs_task(**kwargs) -> None:
-    if found := _report(p.R_LOGS, kwargs):
-        node, body, seqs = found
-        try:
-            data = base64.b64decode(body["data_b64"], validate=True)
-        except ValueError:
-            services.link_refusal_record(node=node, direction="report", task=p.R_LOGS, reason="data_b64 is not base64")
-            _ack(node, seqs)  # never storable: re-sending it would not help
-            return
-        scheduler_services.job_logs_append(node=node, job_id=body["job_id"], offset=body["offset"], data=data)
-        _ack(node, seqs)
+@report_task(p.R_USAGE)
+def usage_windows_task(node, body, seqs) -> None:
+    billing_services.usage_windows_ingest(node=node, windows=body["windows"])
 
 
-@shared_task(name=p.R_GPU_HEALTH, ignore_result=True, **RETRY)
-def gpu_health_task(**kwargs) -> None:
-    if found := _report(p.R_GPU_HEALTH, kwargs):
-        node, body, seqs = found
-        services.gpu_health_record(node=node, uuid=body["uuid"], event=body["event"], at_ms=body["at_ms"] or None)
-        _ack(node, seqs)
+@report_task(p.R_LOGS)
+def job_logs_task(node, body, seqs) -> None:
+    try:
+        data = base64.b64decode(body["data_b64"], validate=True)
+    except ValueError:  # never storable: recorded, and acknowledged like any report (re-sending would not help)
+        services.link_refusal_record(node=node, direction="report", task=p.R_LOGS, reason="data_b64 is not base64")
+        return
+    scheduler_services.job_logs_append(node=node, job_id=body["job_id"], offset=body["offset"], data=data)
 
 
-@shared_task(name=p.R_COMMAND_REFUSED, ignore_result=True, **RETRY)
-def command_refused_task(**kwargs) -> None:
+@report_task(p.R_GPU_HEALTH)
+def gpu_health_task(node, body, seqs) -> None:
+    services.gpu_health_record(node=node, uuid=body["uuid"], event=body["event"], at_ms=body["at_ms"] or None)
+
+
+@report_task(p.R_COMMAND_REFUSED)
+def command_refused_task(node, body, seqs) -> None:
     """An agent refused a command (unsigned, expired, replayed, another node's...): counted in the fleet view."""
-    if found := _report(p.R_COMMAND_REFUSED, kwargs):
-        node, body, seqs = found
-        services.link_refusal_record(
-            node=node,
-            direction="command",
-            task=body["task"],
-            reason=body["reason"],
-            job_id=body["job_id"],
-            dedupe=f"{node.pk}:{seqs[0]}:{body['nonce']}" if seqs else "",
-        )
-        _ack(node, seqs)
+    services.link_refusal_record(
+        node=node,
+        direction="command",
+        task=body["task"],
+        reason=body["reason"],
+        job_id=body["job_id"],
+        dedupe=f"{node.pk}:{seqs[0]}:{body['nonce']}" if seqs else "",
+    )
 
 
 @shared_task(name="agents.check_nodes", ignore_result=True)
