@@ -223,3 +223,39 @@ def platform(live_server, agent_factory):
     """Live HTTP server + worker + the demo's rules and prices; agents via ``agent_factory``."""
     platform_rules_seed()
     return Platform(url=live_server.url)
+
+
+@pytest.fixture
+def gateway(platform):
+    """A real endpoint gateway process on a free port (the platform's host); yields its base URL."""
+    port = free_port()
+    proc, log_path = _spawn(
+        f"gateway-{uuid.uuid4().hex[:6]}",
+        [sys.executable, "-m", "endpoints", "--port", str(port), "--refresh", "0.25", "--cold-start-timeout", "90"],
+        process_env(),
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited: {log_path.read_text()[-3000:]}")
+        try:
+            return requests.get(f"{url}/healthz", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    wait_for(up, timeout=30, what="the gateway")
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture
+def beat(platform, tmp_path):
+    """Celery beat: periodic scheduling passes and autoscaling, as in production."""
+    proc, _ = _spawn(
+        f"beat-{uuid.uuid4().hex[:6]}",
+        [sys.executable, "-m", "celery", "-A", "gpushare", "beat", "-l", "info", "-s", str(tmp_path / "beat")],
+        process_env(),
+    )
+    yield proc
+    _stop(proc)

@@ -53,7 +53,7 @@ from billing.models import UsageWindow
 from chaos.proxy import CuttableProxy
 from endpoints.models import Replica
 from tests.factories import TenantFactory, token_for, wait_for
-from tests.processes import AgentProcess, _spawn, _stop, free_port, process_env
+from tests.processes import AgentProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -273,41 +273,6 @@ def remote_agent(hosts, broker_on_the_lan, celery_worker_process, tmp_path):
 
 
 @pytest.fixture
-def lan_gateway(platform):
-    """The endpoint gateway, on the platform's host."""
-    port = free_port()
-    proc, log_path = _spawn(
-        f"gateway-{uuid.uuid4().hex[:6]}",
-        [sys.executable, "-m", "endpoints", "--port", str(port), "--refresh", "0.25", "--cold-start-timeout", "90"],
-        process_env(),
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up():
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited: {log_path.read_text()[-3000:]}")
-        try:
-            return requests.get(f"{url}/healthz", timeout=1).ok
-        except requests.ConnectionError:
-            return False
-
-    wait_for(up, timeout=30, what="the gateway")
-    yield url
-    _stop(proc)
-
-
-@pytest.fixture
-def lan_beat(platform, tmp_path):
-    proc, _ = _spawn(
-        f"beat-{uuid.uuid4().hex[:6]}",
-        [sys.executable, "-m", "celery", "-A", "gpushare", "beat", "-l", "info", "-s", str(tmp_path / "beat")],
-        process_env(),
-    )
-    yield proc
-    _stop(proc)
-
-
-@pytest.fixture
 def work_root():
     """Job work dirs of the multi-tenant node: a root every job uid can traverse (tmp_path is 0700)."""
     root = Path(f"/tmp/gpushare-hosts-{os.getpid()}-{uuid.uuid4().hex[:6]}")
@@ -370,7 +335,7 @@ def _logs(platform, session, job_id: int, marker: str) -> str:
 
 
 def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
-    platform, hosts, broker_on_the_lan, remote_agent, work_root, lan_gateway, lan_beat
+    platform, hosts, broker_on_the_lan, remote_agent, work_root, gateway, beat
 ):
     from django.db import connection
 
@@ -491,7 +456,7 @@ def test_a_job_a_slice_and_an_endpoint_request_cross_to_agents_on_other_hosts(
     assert deployed.status_code == 201, deployed.text
     answer = wait_for(
         lambda: (
-            (r := requests.post(f"{lan_gateway}/e/acme/echo/predict", data=b"over the veth", headers=auth, timeout=120))
+            (r := requests.post(f"{gateway}/e/acme/echo/predict", data=b"over the veth", headers=auth, timeout=120))
             and r.status_code == 200
             and r.json()
         ),
