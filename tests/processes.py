@@ -259,3 +259,12 @@ def beat(platform, tmp_path):
     )
     yield proc
     _stop(proc)
+
+
+def nft_tables() -> str:
+    """The host's nftables tables ("" when not root or without nft: an agent there runs single-tenant)."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        return ""
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30).stdout

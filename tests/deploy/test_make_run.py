@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.processes import nft_tables
 
 pytestmark = pytest.mark.integration
 
@@ -99,10 +100,3 @@ def test_make_run_prints_one_ready_line_and_no_periodic_noise(tmp_path):
     left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert left == [], left
     assert "gpushare_sim_node_1" not in nft_tables()  # as root the agent was multi-tenant: its rules are gone
-
-
-def nft_tables() -> str:
-    """The host's nftables tables ("" when not root or without nft: the agent then ran single-tenant)."""
-    if os.geteuid() != 0 or not shutil.which("nft"):
-        return ""
-    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30).stdout

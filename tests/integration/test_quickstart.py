@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.deploy.test_make_run import nft_tables
+from tests.processes import nft_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 
