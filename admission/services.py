@@ -2,9 +2,12 @@
 
 ``job_admit`` (through the scheduler's port, inside ``job_submit``'s transaction) holds the
 tenant row ``FOR SHARE`` (a suspension or a quota change waits for it) and a per-tenant
-advisory lock until commit, so one tenant's submits are checked one after another: the counts
-and holds each sees include every job committed before it, and its own job is committed
-before the next one counts. Other tenants are not delayed.
+advisory lock until commit. The lock is exclusive when exactness needs it (a money hold, an
+array, or counts near a limit): those submits are checked one after another, each seeing every
+job committed before it. A single job far from its limits takes the lock shared, so one
+tenant's submits run side by side: at most ``in_flight_bound()`` transactions can be open at
+once (the database's connection limit), so if the committed count leaves that much room, no
+interleaving can pass the limit. Other tenants are never delayed.
 
 Services that act across tenants (the budget beat) say so; the rest filter by the tenant they take.
 """
@@ -57,17 +60,67 @@ def _tenant_share_locked(tenant_id: int) -> Tenant:
     return Tenant.objects.raw(f"SELECT * FROM {Tenant._meta.db_table} WHERE id = %s FOR SHARE", [tenant_id])[0]
 
 
-def _tenant_admission_lock(tenant_id: int) -> None:
-    """Serialise one tenant's admissions until the caller's transaction ends (a transaction-level
-    advisory lock, so the row lock above can stay shared: two shared holders upgrading would deadlock)."""
+def _tenant_admission_lock(tenant_id: int, *, shared: bool = False) -> None:
+    """Hold the tenant's admission lock until the caller's transaction ends (a transaction-level
+    advisory lock, so the row lock above can stay shared: two shared holders upgrading would deadlock).
+    Exclusive: waits for every other admission of the tenant. Shared: waits only for exclusive ones."""
     if connection.vendor == "postgresql":
+        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ADMISSION_LOCK, tenant_id])
+            cursor.execute(f"SELECT {function}(%s, %s)", [ADMISSION_LOCK, tenant_id])
+
+
+_in_flight_bound: int | None = None
+
+
+def in_flight_bound() -> int:
+    """How many admissions can be uncommitted at once: PostgreSQL's ``max_connections`` (read once)."""
+    global _in_flight_bound
+    if _in_flight_bound is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW max_connections")
+            _in_flight_bound = int(cursor.fetchone()[0])
+    return _in_flight_bound
+
+
+def _counts_admitted(tenant: Tenant, limits, ask: JobAsk, *, exact: bool) -> None:
+    """Lock and check the open/queued counts: exactly (exclusive), or with room for every
+    transaction that could be admitting alongside (shared)."""
+    if exact:
+        _tenant_admission_lock(tenant.pk)
+        open_jobs, queued = selectors.job_counts(tenant)
+        _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
+        return
+    _tenant_admission_lock(tenant.pk, shared=True)
+    room = in_flight_bound()
+    open_jobs, queued = selectors.job_counts(tenant)
+    if count_refusal(limits, open_jobs=open_jobs + room, queued_jobs=queued + room, count=ask.count) is not None:
+        # An array admitted between the unlocked look and this lock brought the counts near a limit;
+        # a shared holder cannot wait for the others (they would deadlock), so the client retries.
+        raise JobError(
+            "the tenant's job count reached the edge of its limit while this submit was admitted; retry it",
+            code="conflict",
+        )
 
 
 def _raise(refusal: Refusal | None, error=JobError) -> None:
     if refusal is not None:
         raise error(refusal.message, code=refusal.code, field=refusal.field)
+
+
+def _needs_exact(tenant: Tenant, limits, ask: JobAsk) -> bool:
+    """Whether this admission must see every other one of the tenant: a money hold or an array does,
+    and so does a single job whose unlocked look at the counts finds them within twice the
+    in-flight bound of a limit (the look is a hint; the locked count decides)."""
+    if connection.vendor != "postgresql" or ask.count > 1:
+        return True
+    if limits.monthly_spend_limit is not None and ask.endpoint_id is None:
+        return True
+    if limits.max_open_jobs is None and limits.max_queued_jobs is None:
+        return False
+    margin = 2 * in_flight_bound()
+    open_jobs, queued = selectors.job_counts(tenant)
+    return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
 
 
 @scopes_disabled()  # reads only this tenant's rows (filtered by tenant id below)
@@ -84,9 +137,7 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
     limits = limits_for(locked)
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
-    _tenant_admission_lock(locked.pk)
-    open_jobs, queued = selectors.job_counts(locked)
-    _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
+    _counts_admitted(locked, limits, ask, exact=_needs_exact(locked, limits, ask))
     if limits.gpu_hours_per_month is None and limits.monthly_spend_limit is None:
         return
     usage = selectors.month_usage(locked)

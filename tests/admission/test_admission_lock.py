@@ -1,0 +1,131 @@
+"""One tenant's submits: side by side far from its limits, one after another where exactness needs it.
+
+Each test holds one submit's transaction open (admitted, not committed) and starts a second
+submit of the same tenant on another connection: far from the limits the second completes
+while the first still holds; with a money budget or near a count limit it waits for the commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+from django_scopes import scopes_disabled
+
+from accounts.services import quota_set
+from admission import services as admission_services
+from scheduler.models import Job
+from scheduler.services import JobError, JobSpec, job_submit
+from tests.factories import TenantFactory, platform_rules_seed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SPEC = JobSpec(kind="training", gpu_milli=1000, command=["true"], max_runtime_s=60)
+
+
+class HeldSubmit:
+    """A submit in a thread of its own whose transaction stays open until ``release()``."""
+
+    def __init__(self, tenant):
+        self.tenant = tenant
+        self.admitted = threading.Event()
+        self.release_now = threading.Event()
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        try:
+            with transaction.atomic():
+                job_submit(tenant=self.tenant, user=None, spec=SPEC)
+                self.admitted.set()
+                self.release_now.wait(30)
+        except Exception as exc:  # noqa: BLE001 - asserted by the test
+            self.error = exc
+            self.admitted.set()
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.admitted.wait(30)
+        assert self.error is None, self.error
+        return self
+
+    def release(self):
+        self.release_now.set()
+        self.thread.join(30)
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def second_submit(tenant) -> tuple[threading.Thread, threading.Event, list]:
+    done, outcome = threading.Event(), []
+
+    def run():
+        try:
+            outcome.append(job_submit(tenant=tenant, user=None, spec=SPEC).pk)
+        except Exception as exc:  # noqa: BLE001 - asserted by the test
+            outcome.append(exc)
+        finally:
+            connection.close()
+            done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, done, outcome
+
+
+def open_jobs(tenant) -> int:
+    with scopes_disabled():
+        return Job.objects.filter(tenant=tenant).count()
+
+
+@pytest.fixture
+def tenant():
+    platform_rules_seed()
+    return TenantFactory(slug="lock-modes")
+
+
+def test_far_from_its_limits_a_tenants_submits_do_not_wait_for_each_other(tenant):
+    with HeldSubmit(tenant):
+        _, done, outcome = second_submit(tenant)
+        assert done.wait(20), "the second submit waited for the first one's commit"
+        assert isinstance(outcome[0], int)
+    assert open_jobs(tenant) == 2
+
+
+def test_with_a_money_budget_the_second_submit_waits_for_the_first(tenant):
+    quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("100000.00"))
+    with HeldSubmit(tenant) as first:
+        _, done, outcome = second_submit(tenant)
+        assert not done.wait(1.5), "a budgeted submit did not wait to see the first one's hold"
+        first.release()
+        assert done.wait(20) and isinstance(outcome[0], int)
+
+
+def test_near_a_count_limit_the_second_submit_waits_and_sees_the_first(tenant):
+    quota_set(tenant=tenant, actor=None, max_open_jobs=admission_services.in_flight_bound() + 1)
+    with HeldSubmit(tenant) as first:
+        _, done, outcome = second_submit(tenant)
+        assert not done.wait(1.5), "a submit near the open-jobs limit did not wait for the one in flight"
+        first.release()
+        assert done.wait(20) and isinstance(outcome[0], int)
+
+
+def test_far_from_a_limit_the_shared_path_still_refuses_what_passes_it(tenant):
+    """The room left for transactions in flight is the database's connection limit; a limit
+    reached in between refuses with the rule (exact path), never lets a job past it."""
+    quota_set(tenant=tenant, actor=None, max_open_jobs=1)
+    job_submit(tenant=tenant, user=None, spec=SPEC)
+    with pytest.raises(JobError) as refused:
+        job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert refused.value.code == "quota_exceeded" and "max_open_jobs is 1" in str(refused.value)
+
+
+def test_the_in_flight_bound_is_the_servers_connection_limit():
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_connections")
+        assert admission_services.in_flight_bound() == int(cursor.fetchone()[0])
