@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
+from accounts.models import AuditLog
 from accounts.services import audit_record
 from scheduler import services as scheduler_services
 from scheduler.models import ACTIVE_STATES, Job
@@ -224,6 +225,9 @@ def _outages_close(gpus, *, cause: str, at) -> int:
 # --- GPU health -------------------------------------------------------------
 
 
+HEALTH_AUDIT_ACTIONS = ("gpu.out_of_service", "gpu.application_error")
+
+
 @transaction.atomic
 def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None = None) -> Gpu | None:
     """A health event from ``node``'s agent about its GPU ``uuid``.
@@ -239,6 +243,13 @@ def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None =
         return None
     description = event_describe(event)
     at = scheduler_services.ms_to_dt(at_ms) if at_ms else timezone.now()
+    target = f"{node.name}/{uuid}"
+    recorded = AuditLog.objects.filter(tenant=None, action__in=HEALTH_AUDIT_ACTIONS, target=target)
+    if at_ms and recorded.filter(after__event=event, after__at_ms=at_ms).exists():
+        # A re-sent report (its acknowledgement was lost): already acted on. Acting again would
+        # write a second audit row, or take a GPU the operator has since returned out again.
+        log.info("GPU %s on %s: %s at %s already recorded; re-sent report ignored", uuid, node.name, description, at_ms)
+        return gpu
     if event_takes_gpu_out(event):
         before = {"health": gpu.health, "reason": gpu.health_reason}
         gpu.health = Gpu.Health.OUT_OF_SERVICE
@@ -249,13 +260,14 @@ def gpu_health_record(*, node: Node, uuid: str, event: dict, at_ms: int | None =
             actor=None,
             tenant=None,
             action="gpu.out_of_service",
-            target=f"{node.name}/{uuid}",
+            target=target,
             before=before,
-            after={"health": gpu.health, "reason": gpu.health_reason, "event": event},
+            after={"health": gpu.health, "reason": gpu.health_reason, "event": event, "at_ms": at_ms},
         )
         log.error("OPERATOR: GPU %s on %s taken out of service: %s", uuid, node.name, description)
     elif event_is_application_error(event):
-        audit_record(actor=None, tenant=None, action="gpu.application_error", target=f"{node.name}/{uuid}", after=event)
+        after = {"event": event, "at_ms": at_ms}
+        audit_record(actor=None, tenant=None, action="gpu.application_error", target=target, after=after)
         log.warning("GPU %s on %s: %s; its job(s) fail, the GPU stays in service", uuid, node.name, description)
     else:
         log.info("GPU %s on %s: %s", uuid, node.name, description)

@@ -131,3 +131,24 @@ def test_node_commands_refuse_what_the_state_does_not_allow(db):
         call_command("node", "drain", "ga-down")
     with pytest.raises(CommandError, match="no node named 'nope'"):
         call_command("node", "cordon", "nope")
+
+
+@pytest.mark.parametrize(("xid", "action"), [(79, "gpu.out_of_service"), (13, "gpu.application_error")])
+def test_a_resent_health_report_is_acted_on_once(db, xid, action):
+    """The agent re-sends a report whose acknowledgement was lost: one audit row, and a GPU the
+    operator returned to service in between stays in service."""
+    from agents.services import gpu_health_record, gpu_return_to_service
+
+    node = Node.objects.create(name="n-health")
+    gpu = Gpu.objects.create(node=node, index=0, uuid="GPU-resent-0001", model="H100", memory_mb=81920)
+    event = {"kind": "xid", "xid": xid}
+    gpu_health_record(node=node, uuid=gpu.uuid, event=event, at_ms=1_700_000_000_000)
+    if action == "gpu.out_of_service":
+        gpu_return_to_service(gpu=gpu, note="reseated")
+    gpu_health_record(node=node, uuid=gpu.uuid, event=event, at_ms=1_700_000_000_000)
+    assert AuditLog.objects.filter(action=action, target=f"n-health/{gpu.uuid}").count() == 1
+    gpu.refresh_from_db()
+    assert gpu.health == Gpu.Health.OK
+    # A new event (another instant) is acted on.
+    gpu_health_record(node=node, uuid=gpu.uuid, event=event, at_ms=1_700_000_060_000)
+    assert AuditLog.objects.filter(action=action, target=f"n-health/{gpu.uuid}").count() == 2
