@@ -35,7 +35,7 @@ from accounts.selectors import limits_all, limits_for
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
 from scheduler.admission import TenantCaps
-from scheduler.models import TERMINAL_STATES, Job, JobState
+from scheduler.models import OPEN_STATES, Job, JobState
 
 # --- the month ----------------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ def holds_open(tenant: Tenant, *, exclude_endpoint_id: int | None = None, prices
     )
     jobs = (
         Job.objects.filter(tenant_id=tenant.pk, replica__isnull=True)
-        .exclude(state__in=TERMINAL_STATES)
+        .filter(state__in=OPEN_STATES)
         .annotate(metered=Coalesce(Subquery(metered), Value(Decimal(0)), output_field=DecimalField()))
         .values_list("mode", "gpu_model", "gpu_milli", "max_runtime_s", "priority__price_multiplier", "metered")
     )
@@ -207,7 +207,7 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
 
     row = (
         Job.objects.filter(tenant_id=tenant.pk)
-        .exclude(state__in=TERMINAL_STATES)
+        .filter(state__in=OPEN_STATES)
         .aggregate(open=Count("pk"), queued=Count("pk", filter=Q(state=JobState.QUEUED)))
     )
     return row["open"], row["queued"]

@@ -115,7 +115,11 @@ def database_from_url(url: str) -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     elif "postgresql" in config["ENGINE"]:
-        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)  # an unreachable server fails fast
+        options = config.setdefault("OPTIONS", {})
+        options.setdefault("connect_timeout", 5)  # an unreachable server fails fast
+        # No JIT: the API's queries are short index scans whose estimates (subplans per row) can pass the
+        # JIT threshold, and compiling them cost ~200 ms for a 1 ms job list page (docs/benchmarks.md, #19).
+        options.setdefault("options", "-c jit=off")
     return config
 
 

@@ -32,7 +32,11 @@ class IntegerFilter(django_filters.Filter):
 
 class JobFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(
-        choices=JobState.choices, help_text="One or more states (repeat the parameter: ?state=queued&state=running)."
+        # One row per job (no join): DISTINCT would only make PostgreSQL sort every matching job
+        # with its computed fields before the page's LIMIT (4.3 s for 2,000 queued jobs, #19).
+        distinct=False,
+        choices=JobState.choices,
+        help_text="One or more states (repeat the parameter: ?state=queued&state=running).",
     )
     kind = django_filters.ChoiceFilter(choices=JobKind.choices)
     submitted_after = UtcIsoDateTimeFilter(
