@@ -4,13 +4,14 @@ drops privileges."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 
 import psutil
 import pytest
 
-from agents.agent.cgroups import unified_mount
+from agents.agent.cgroups import JobCgroup, pid_cgroup, unified_mount
 from agents.dispatch import node_send
 from tests.agents.conftest import launch_direct, wait_output
 from tests.factories import wait_for
@@ -97,3 +98,29 @@ def test_run_as_joins_the_cgroup_then_drops_privileges(agent_factory, node, cgro
     assert f"/{cgroup_dir.name}/job-9302-1" in output.split("cg=")[1]
     agent.stop()  # the agent stops the job and removes its cgroup
     assert not (cgroup_dir / "job-9302-1").exists()
+
+
+def test_a_job_cgroup_is_its_whole_subtree(cgroup_dir):
+    """What a container engine makes below the job's cgroup is the job's: listed, matched by
+    ``/proc/<pid>/cgroup``, killed, and removed with the job's cgroup."""
+    cgroup_dir.mkdir()
+    job, other = JobCgroup.create(cgroup_dir, "9401-1"), JobCgroup.create(cgroup_dir, "9401-10")
+    container = job.path / "docker-abc" / "nested"
+    container.mkdir(parents=True)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 60', str(container)], start_new_session=True
+    )
+    try:
+        wait_for(lambda: proc.pid in job.pids(), timeout=10, what="the process in the job's subtree")
+        assert job.pids() == {proc.pid} and other.pids() == set()
+        where = pid_cgroup(proc.pid)
+        assert where == f"/{cgroup_dir.name}/job-9401-1/docker-abc/nested"
+        assert job.holds(where) and not other.holds(where)  # job-9401-10 is not below job-9401-1
+        job.kill()
+        assert proc.wait(timeout=10) == -9
+        job.remove()
+        assert not job.path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        other.remove()
