@@ -16,7 +16,6 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.agent.cgroups import pid_cgroup
 from agents.dispatch import node_send
 from tests.agents.conftest import GPU0, launch_direct, unique_node_name, wait_output
 from tests.factories import wait_for
@@ -59,6 +58,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cgroup(pid: int) -> str:
+    """The process's cgroup v2, read here (not through the agent's code)."""
+    lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+    return next(line[3:] for line in lines if line.startswith("0::"))
+
+
 def _container(job_id: int) -> str:
     return f"docker-gpushare-job-{job_id}-1"
 
@@ -99,8 +104,6 @@ def test_a_containers_gpu_use_is_metered_to_its_own_job(
     pid_a, pid_b = (_value(wait_output(agent, job_id, "PID="), "PID") for job_id in (9801, 9802))
     # Like a real container's, the process is outside the agent's process groups: only its cgroup says whose it is.
     assert os.getsid(pid_a) == pid_a and os.getsid(pid_b) == pid_b
-    assert pid_cgroup(pid_a) == f"/{jobs_cgroup.name}/job-9801-1/{_container(9801)}"
-    assert (engine.state / "gpushare-job-9801-1.argv").read_text().count(f"/{jobs_cgroup.name}/job-9801-1") == 1
 
     # The driver sees both containers' processes (host pids, as NVML reports them).
     fake_nvml.proc_add(0, pid_a, memory_mb=3000, sm_util=30)
@@ -112,6 +115,10 @@ def test_a_containers_gpu_use_is_metered_to_its_own_job(
     )
     assert metered["9801"] == (3000, 30)  # its own process only, never the other tenant's
     assert metered["9802"] == (7000, 60)
+    # What made it so: the container's cgroup is below the job's, named to docker as --cgroup-parent.
+    assert _cgroup(pid_a) == f"/{jobs_cgroup.name}/job-9801-1/{_container(9801)}"
+    argv = (engine.state / "gpushare-job-9801-1.argv").read_text().splitlines()
+    assert argv[argv.index("--cgroup-parent") + 1] == f"/{jobs_cgroup.name}/job-9801-1"
     fake_nvml.procs = []
     fake_nvml.save()
     agent.stop()
@@ -122,8 +129,6 @@ def test_stopping_a_container_job_stops_every_process_in_it(engine, jobs_cgroup,
     agent = secure_agent(extra=[*NO_NFT, "--docker", str(engine.docker), "--cgroup-root", str(jobs_cgroup)])
     launch_direct(agent, 9811, [PY, "-c", WORKER], image=IMAGE, tenant="acme", grace_s=2)
     main, worker = _both(agent, 9811)
-    job_cgroup = jobs_cgroup / "job-9811-1"
-    assert pid_cgroup(worker) == f"/{jobs_cgroup.name}/job-9811-1/{_container(9811)}"
 
     node_send(agent.node, "agent.stop", {"job_id": 9811, "attempt": 1, "reason": "test stop", "grace_s": 2})
     # The stop's SIGTERM reaches every process of the container (docker run passes it to the main
@@ -131,14 +136,16 @@ def test_stopping_a_container_job_stops_every_process_in_it(engine, jobs_cgroup,
     wait_output(agent, 9811, "WORKER-CHECKPOINTED", timeout=30)
     wait_for(lambda: not _alive(main) and not _alive(worker), timeout=30, what="the container's processes gone")
     wait_for(lambda: "job 9811 attempt 1 ended" in agent.log(), timeout=30, what="the end reported")
-    assert not job_cgroup.exists()
+    assert not (jobs_cgroup / "job-9811-1").exists()
 
 
-def test_a_container_whose_docker_client_died_is_killed_before_its_job_ends(engine, jobs_cgroup, secure_agent):
+def test_a_container_whose_docker_client_died_is_killed_before_its_job_ends(engine, jobs_cgroup, agent_factory):
     """``docker run`` can die while its container runs on (the engine restarted, the client was
-    OOM-killed). The job is not over, and its GPUs not free, until the container is gone too."""
-    agent = secure_agent(extra=[*NO_NFT, "--docker", str(engine.docker), "--cgroup-root", str(jobs_cgroup)])
-    launch_direct(agent, 9821, [PY, "-c", WORKER], image=IMAGE, tenant="acme", grace_s=2)
+    OOM-killed). The job is not over, and its GPUs not free, until the container is gone too.
+    Single-tenant, as in the next test: no pool uid to find the container's processes by (nor is
+    there one on a multi-tenant node whose engine remaps uids), only the job's cgroup."""
+    agent = agent_factory(unique_node_name(), extra=["--docker", str(engine.docker), "--cgroup-root", str(jobs_cgroup)])
+    launch_direct(agent, 9821, [PY, "-c", WORKER], image=IMAGE, grace_s=2)
     main, worker = _both(agent, 9821)
     client = psutil.Process(main).parent()  # the stand-in's client half started it
     assert str(engine.docker) in client.cmdline()
@@ -150,7 +157,7 @@ def test_a_container_whose_docker_client_died_is_killed_before_its_job_ends(engi
 
 
 def test_a_restarted_agent_kills_the_containers_its_previous_run_left(engine, jobs_cgroup, agent_factory):
-    """Single-tenant (no pool uid to find them by): the job's cgroup is what finds the container."""
+    """The job's cgroup is what finds the container (single-tenant: no pool uid to find it by)."""
     agent = agent_factory(unique_node_name(), extra=["--docker", str(engine.docker), "--cgroup-root", str(jobs_cgroup)])
     launch_direct(agent, 9831, [PY, "-c", WORKER], image=IMAGE)
     main, worker = _both(agent, 9831)
