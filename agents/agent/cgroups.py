@@ -4,9 +4,9 @@ and killed at once through ``cgroup.kill`` (Linux 5.14+).
 
 Enabled with ``--cgroup-root PATH`` (a writable cgroup v2 directory: under
 systemd, the agent's own cgroup with ``Delegate=yes``) or ``--cgroup-root
-auto`` (the agent's own cgroup on the unified hierarchy, when writable). The
-job is placed in its cgroup by a tiny shell shim *before* it runs anything:
-``echo $$ > cgroup.procs && exec [setpriv --reuid U --regid G --clear-groups --] cmd``.
+auto`` (the agent's own cgroup on the unified hierarchy, when writable). A
+process job joins its cgroup between fork and exec, in the agent's own code,
+before it drops privileges (``sandbox.Drop``).
 
 An image job's cgroup is the container's ``--cgroup-parent``: the engine (cgroupfs driver)
 creates the container's own cgroup inside it, so the job's processes are the whole subtree
@@ -106,11 +106,6 @@ class JobCgroup:
         path = root / f"{PREFIX}{name}"
         path.mkdir(exist_ok=True)
         return cls(path)
-
-    def shim(self, argv: list[str], *, run_as: tuple[int, int] | None = None) -> list[str]:
-        """``argv`` wrapped so the process joins this cgroup before it runs (then drops to ``run_as``)."""
-        drop = ["setpriv", f"--reuid={run_as[0]}", f"--regid={run_as[1]}", "--clear-groups", "--"] if run_as else []
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *drop, *argv]
 
     def pids(self) -> set[int]:
         """Every process in the subtree (a container's cgroup below the job's included)."""

@@ -4,6 +4,7 @@ drops privileges."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from agents.agent.cgroups import JobCgroup, pid_cgroup, unified_mount
+from agents.agent.jobs import LaunchSpec, RunningJob
 from agents.dispatch import node_send
 from tests.agents.conftest import launch_direct, wait_output
 from tests.factories import wait_for
@@ -107,20 +109,37 @@ def test_a_job_cgroup_is_its_whole_subtree(cgroup_dir):
     job, other = JobCgroup.create(cgroup_dir, "9401-1"), JobCgroup.create(cgroup_dir, "9401-10")
     container = job.path / "docker-abc" / "nested"
     container.mkdir(parents=True)
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 60', str(container)], start_new_session=True
+    proc, stranger = (
+        subprocess.Popen(
+            ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 60', str(where)], start_new_session=True
+        )
+        for where in (container, other.path)
     )
     try:
         wait_for(lambda: proc.pid in job.pids(), timeout=10, what="the process in the job's subtree")
-        assert job.pids() == {proc.pid} and other.pids() == set()
+        wait_for(lambda: stranger.pid in other.pids(), timeout=10, what="the other job's process")
+        assert job.pids() == {proc.pid} and other.pids() == {stranger.pid}
         where = pid_cgroup(proc.pid)
         assert where == f"/{cgroup_dir.name}/job-9401-1/docker-abc/nested"
         assert job.holds(where) and not other.holds(where)  # job-9401-10 is not below job-9401-1
+        # What the GPU driver reports, by host pid, goes to the job whose cgroup holds it.
+        running = RunningJob(
+            spec=LaunchSpec.from_message({"job_id": 9401, "command": ["x"]}),
+            proc=None,
+            pgid=-1,
+            started_ms=0,
+            workdir=cgroup_dir,
+            log_path=cgroup_dir,
+            cgroup=job,
+        )
+        on_gpu = {pid: pid_cgroup(pid) for pid in (proc.pid, stranger.pid, os.getpid())}
+        assert running.claim(on_gpu) == {proc.pid}
         job.kill()
         assert proc.wait(timeout=10) == -9
         job.remove()
         assert not job.path.exists()
     finally:
-        proc.kill()
-        proc.wait()
+        for process in (proc, stranger):
+            process.kill()
+            process.wait()
         other.remove()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,7 +61,7 @@ def _alive(pid: int) -> bool:
 
 def _cgroup(pid: int) -> str:
     """The process's cgroup v2, read here (not through the agent's code)."""
-    lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     return next(line[3:] for line in lines if line.startswith("0::"))
 
 
@@ -75,7 +76,7 @@ def _both(agent, job_id: int) -> tuple[int, int]:
     return _value(output, "MAIN"), _value(output, "WORKER")
 
 
-def _job_memory(port: int) -> dict[str, tuple[float, float]]:
+def _job_use(port: int) -> dict[str, tuple[float, float]]:
     """job id -> (GPU memory MiB, SM %) as the agent meters it (its Prometheus series)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     found: dict[str, list[float]] = {}
@@ -108,11 +109,12 @@ def test_a_containers_gpu_use_is_metered_to_its_own_job(
     # The driver sees both containers' processes (host pids, as NVML reports them).
     fake_nvml.proc_add(0, pid_a, memory_mb=3000, sm_util=30)
     fake_nvml.proc_add(0, pid_b, memory_mb=7000, sm_util=60)
-    metered = wait_for(
-        lambda: (m := _job_memory(port)).get("9801", (0, 0))[0] and m.get("9802", (0, 0))[0] and m,
-        timeout=30,
-        what="both containers' GPU use metered",
-    )
+
+    def both_metered():
+        use = _job_use(port)
+        return use if all(all(use.get(job, (0, 0))) for job in ("9801", "9802")) else None
+
+    metered = wait_for(both_metered, timeout=30, what="both containers' GPU use metered")
     assert metered["9801"] == (3000, 30)  # its own process only, never the other tenant's
     assert metered["9802"] == (7000, 60)
     # What made it so: the container's cgroup is below the job's, named to docker as --cgroup-parent.
