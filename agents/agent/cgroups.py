@@ -111,10 +111,7 @@ class JobCgroup:
         """Every process in the subtree (a container's cgroup below the job's included)."""
         found: set[int] = set()
         for path in self._tree():
-            try:
-                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
-            except (OSError, ValueError):
-                continue
+            found.update(_procs(path))
         return found
 
     def kill(self) -> None:
@@ -143,6 +140,21 @@ class JobCgroup:
             except OSError:
                 time.sleep(0.05)
         log.warning("could not remove %s", self.path)
+
+
+def _procs(path: Path) -> list[int]:
+    """The pids in one cgroup's ``cgroup.procs`` (read every sample: plain ``os.read``, half the cost of ``open``)."""
+    try:
+        fd = os.open(path / "cgroup.procs", os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 65536), b""))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return [int(p) for p in data.split()]
 
 
 def leftovers_kill(root: Path) -> list[str]:
