@@ -5,9 +5,8 @@ processes: it makes the container's cgroup ``<cgroup v2 mount>/<--cgroup-parent>
 (the engine's own parent when none is given), starts the command in it, in a session of its own
 (a real container's processes are the engine's children, never in the client's process group),
 as the ``--user`` uid with the ``--env-file`` variables, waits for it (passing on SIGTERM, as
-``docker run`` does), kills what is left in the
-container's cgroup when its main process ends (its PID namespace dies with it) and removes that
-cgroup. ``docker kill NAME`` kills the container's cgroup. What it was asked is recorded in
+``docker run`` does), kills what is left in the container's cgroup when its main process ends
+(its PID namespace dies with it) and removes that cgroup. ``docker kill NAME`` kills the container's cgroup. What it was asked is recorded in
 ``STATE``. Not emulated: images, mounts, namespaces, capabilities (the argv contract is checked
 by ``test_runtime_steering.py``).
 """
