@@ -4,13 +4,20 @@ and killed at once through ``cgroup.kill`` (Linux 5.14+).
 
 Enabled with ``--cgroup-root PATH`` (a writable cgroup v2 directory: under
 systemd, the agent's own cgroup with ``Delegate=yes``) or ``--cgroup-root
-auto`` (the agent's own cgroup on the unified hierarchy, when writable). The
-job is placed in its cgroup by a tiny shell shim *before* it runs anything:
-``echo $$ > cgroup.procs && exec [setpriv --reuid U --regid G --clear-groups --] cmd``.
+auto`` (the agent's own cgroup on the unified hierarchy, when writable). A
+process job joins its cgroup between fork and exec, in the agent's own code,
+before it drops privileges (``sandbox.Drop``).
+
+An image job's cgroup is the container's ``--cgroup-parent``: the engine (cgroupfs driver)
+creates the container's own cgroup inside it, so the job's processes are the whole subtree
+(``pids`` reads every descendant; ``cgroup.kill`` kills the subtree; ``remove`` takes the
+child cgroups the engine leaves). A process the GPU driver reports is the job's when its
+unified-hierarchy cgroup (``/proc/<pid>/cgroup``, the ``0::`` line) lies under the job's.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -59,9 +66,40 @@ def cgroup_root(setting: str) -> Path | None:
     return root
 
 
+def pid_cgroup(pid: int) -> str | None:
+    """``pid``'s cgroup on the unified hierarchy (the ``0::`` line of ``/proc/<pid>/cgroup``), or None."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    return next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+
+
 class JobCgroup:
     def __init__(self, path: Path):
         self.path = path
+
+    @functools.cached_property
+    def relative(self) -> str | None:
+        """The cgroup as its processes' ``0::`` line and docker's ``--cgroup-parent`` name it:
+        its path below the cgroup v2 mount (``/gpushare-jobs/job-7-1``), or None when it is not on it."""
+        mount = unified_mount()
+        if mount is None:
+            return None
+        try:
+            return "/" + str(self.path.relative_to(mount))
+        except ValueError:
+            return None
+
+    def holds(self, cgroup: str) -> bool:
+        """Whether a process in ``cgroup`` (a ``pid_cgroup`` answer) is inside this cgroup's subtree."""
+        own = self.relative
+        return own is not None and (cgroup == own or cgroup.startswith(own + "/"))
+
+    def _tree(self) -> list[Path]:
+        """This cgroup and every cgroup below it, deepest first."""
+        tree = [Path(top) for top, _dirs, _files in os.walk(self.path, topdown=False)]
+        return tree or [self.path]
 
     @classmethod
     def create(cls, root: Path, name: str) -> JobCgroup:
@@ -69,18 +107,15 @@ class JobCgroup:
         path.mkdir(exist_ok=True)
         return cls(path)
 
-    def shim(self, argv: list[str], *, run_as: tuple[int, int] | None = None) -> list[str]:
-        """``argv`` wrapped so the process joins this cgroup before it runs (then drops to ``run_as``)."""
-        drop = ["setpriv", f"--reuid={run_as[0]}", f"--regid={run_as[1]}", "--clear-groups", "--"] if run_as else []
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *drop, *argv]
-
     def pids(self) -> set[int]:
-        try:
-            return {int(p) for p in (self.path / "cgroup.procs").read_text().split()}
-        except (OSError, ValueError):
-            return set()
+        """Every process in the subtree (a container's cgroup below the job's included)."""
+        found: set[int] = set()
+        for path in self._tree():
+            found.update(_procs(path))
+        return found
 
     def kill(self) -> None:
+        """SIGKILL the whole subtree (``cgroup.kill`` reaches the descendants too)."""
         try:
             (self.path / "cgroup.kill").write_text("1")
         except OSError as exc:  # no cgroup.kill (kernel < 5.14): signal what is listed
@@ -92,15 +127,34 @@ class JobCgroup:
                     pass
 
     def remove(self) -> None:
+        """Remove the cgroup and the child cgroups left in it (a container engine's), once empty."""
         for _ in range(20):
+            if not self.path.exists():
+                return
             try:
-                self.path.rmdir()
+                for path in self._tree():
+                    path.rmdir()
                 return
             except FileNotFoundError:
-                return
+                continue  # the engine removed its own child meanwhile: look again
             except OSError:
                 time.sleep(0.05)
         log.warning("could not remove %s", self.path)
+
+
+def _procs(path: Path) -> list[int]:
+    """The pids in one cgroup's ``cgroup.procs`` (read every sample: plain ``os.read``, half the cost of ``open``)."""
+    try:
+        fd = os.open(path / "cgroup.procs", os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 65536), b""))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return [int(p) for p in data.split()]
 
 
 def leftovers_kill(root: Path) -> list[str]:

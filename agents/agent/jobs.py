@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -15,6 +16,8 @@ import psutil
 
 from .cgroups import JobCgroup
 from .sandbox import Drop
+
+log = logging.getLogger(__name__)
 
 # Variables the agent copies from its own environment into a job's; nothing
 # else of the agent's (broker URL, credentials) ever reaches a job.
@@ -168,10 +171,12 @@ def docker_argv(
     workdir: Path,
     run_as=None,
     options: DockerOptions | None = None,
+    cgroup_parent: str = "",
 ) -> list[str]:
     """``docker run`` for a job: its GPUs by UUID, its environment through a 0600 env file (never
     on argv, never in the CLI's own environment), its workdir at /job, no capabilities, no new
-    privileges, a pids limit, the job's uid, and ``--`` before the (validated) image."""
+    privileges, a pids limit, the job's uid, the job's cgroup as the container's parent, and
+    ``--`` before the (validated) image."""
     options = options or DockerOptions()
     argv = [docker, "run", "--rm", "--init", "--name", container_name(spec), "-v", f"{workdir}:/job", "-w", "/job"]
     argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--pids-limit", str(options.pids_limit)]
@@ -182,6 +187,8 @@ def docker_argv(
         argv += ["--user", f"{run_as[0]}:{run_as[1]}"]
     if options.network:
         argv += ["--network", options.network]
+    if cgroup_parent:
+        argv += ["--cgroup-parent", cgroup_parent]
     if env_file is not None:
         argv += ["--env-file", str(env_file)]
     return [*argv, "--", spec.image, *spec.command]
@@ -284,9 +291,12 @@ class RunningJob:
             pass
 
     def running(self) -> bool:
-        """Whether any process of the job is left (its cgroup, or else its process group)."""
-        if self.cgroup is not None:
-            return bool(self.cgroup.pids())
+        """Whether any process of the job is left: its cgroup's, or else (and for an image job, whose
+        ``docker run`` client is outside the container's cgroup, also) its process group's."""
+        if self.cgroup is not None and self.cgroup.pids():
+            return True
+        if self.cgroup is not None and not self.container:
+            return False
         return self.pgid > 0 and group_running(self.pgid)
 
     def request_stop(self, *, reason: str, grace_s: int, lost: bool = False) -> None:
@@ -310,11 +320,18 @@ class RunningJob:
             self.signal_group(signal.SIGKILL)
 
     def refresh_pids(self, groups: dict[int, list[int]] | None = None) -> frozenset[int]:
-        """The job's processes: its process group, plus its cgroup's (which also holds escapees)."""
+        """The job's processes: its process group, plus its cgroup subtree's (which also holds
+        escapees, and an image job's container)."""
         in_group = (groups or {}).get(self.pgid) if groups is not None else None
         if in_group is None:
             in_group = [p for p in psutil.pids() if _pgid(p) == self.pgid]
         self.pids = frozenset(in_group) | frozenset(self.cgroup.pids() if self.cgroup else ())
+        return self.pids
+
+    def claim(self, cgroups: dict[int, str]) -> frozenset[int]:
+        """Add the processes of ``cgroups`` (pid -> its ``pid_cgroup``) that lie in the job's cgroup subtree."""
+        if self.cgroup is not None:
+            self.pids |= {pid for pid, cgroup in cgroups.items() if self.cgroup.holds(cgroup)}
         return self.pids
 
 
@@ -353,19 +370,29 @@ def launch(
     env = job_environment(spec, workdir=workdir, agent_env=agent_env, allow=env_allow, extra=extra_env)
     argv = spec.command
     run_as = (drop.uid, drop.gid) if drop.uid is not None else None
+    cgroup = JobCgroup.create(cgroup_root, f"{spec.job_id}-{spec.attempt}") if cgroup_root is not None else None
     if docker:
-        # The CLI stays root (it talks to the engine); the container runs as the job's uid.
+        # The CLI stays root (it talks to the engine) and outside the job's cgroup; the container
+        # runs as the job's uid, in a cgroup the engine makes below the job's (cgroupfs driver).
+        if cgroup is not None and cgroup.relative is None:
+            log.warning("%s is not on the cgroup v2 mount: job %s's container is not in it", cgroup.path, spec.job_id)
+            cgroup.remove()
+            cgroup = None
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "w") as out:
             out.write(env_file_lines(env))
         argv = docker_argv(
-            spec, docker=docker, env_file=env_file, workdir=workdir, run_as=run_as, options=docker_options
+            spec,
+            docker=docker,
+            env_file=env_file,
+            workdir=workdir,
+            run_as=run_as,
+            options=docker_options,
+            cgroup_parent=cgroup.relative if cgroup is not None else "",
         )
         env = docker_cli_env(agent_env)
         drop = Drop(uid=None, nofile=drop.nofile)
-    cgroup = None
-    if cgroup_root is not None and not docker:
-        cgroup = JobCgroup.create(cgroup_root, f"{spec.job_id}-{spec.attempt}")
+    elif cgroup is not None:
         drop = Drop(
             uid=drop.uid,
             gid=drop.gid,

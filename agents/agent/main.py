@@ -24,7 +24,7 @@ from pathlib import Path
 from . import __version__
 from .address import address_detect
 from .brokerconf import broker_options
-from .cgroups import cgroup_root, leftovers_kill
+from .cgroups import cgroup_root, leftovers_kill, pid_cgroup
 from .config import AgentConfig, backend_for, parse_args
 from .gpus import JobProcesses
 from .health import event_describe, event_is_application_error, event_takes_gpu_out
@@ -569,6 +569,16 @@ class Agent:
                 continue
             self.job_finish(job)
 
+    def _gpu_pids_unclaimed(self, running: list[RunningJob]) -> set[int]:
+        """Processes the driver shows on a running job's GPU that no job's pids hold (only when a
+        job has a cgroup to look them up in)."""
+        if not any(job.cgroup is not None for job in running):
+            return set()
+        seen: set[int] = set()
+        for uuid in {u for job in running for u in job.spec.gpu_uuids}:
+            seen |= self.backend.pids_on_gpu(uuid) or set()
+        return seen.difference(*(job.pids for job in running))
+
     def _off_gpu(self, job: RunningJob) -> bool:
         for uuid in job.spec.gpu_uuids:
             seen = self.backend.pids_on_gpu(uuid)
@@ -651,6 +661,12 @@ class Agent:
         running = [j for j in self.jobs.values() if j.ended_ms is None and j.exit_code is None]
         for job in running:
             job.refresh_pids(groups)
+        if stray := self._gpu_pids_unclaimed(running):
+            # NVML reports host pids: one that no job's tree held at the read above (a container's
+            # process started since) is its job's when its cgroup lies under the job's.
+            cgroups = {pid: cgroup for pid in stray if (cgroup := pid_cgroup(pid)) is not None}
+            for job in running:
+                job.claim(cgroups)
         samples = self.backend.sample(
             [JobProcesses(j.spec.job_id, tuple(j.spec.gpu_uuids), j.pids, j.spec.share_milli) for j in running]
         )

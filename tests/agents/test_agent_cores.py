@@ -101,19 +101,22 @@ def test_job_environment_is_allow_listed_and_pinning_wins(tmp_path):
 
 
 def test_docker_argv_pins_by_uuid_and_keeps_values_off_argv():
-    # The job's variables travel in a 0600 --env-file (tests/security/test_container_contract.py), never on argv.
+    # The job's variables travel in a 0600 --env-file (tests/security/test_runtime_steering.py), never on argv.
     argv = docker_argv(
         spec(image="nvcr.io/nvidia/pytorch:24.05-py3"),
         docker="docker",
         env_file=Path("/var/lib/gpushare/agent/n/env/5-2.env"),
         workdir=Path("/var/lib/gpushare/jobs/5-2"),
         run_as=(1000, 1000),
+        cgroup_parent="/system.slice/gpushare-agent.service/jobs/job-5-2",
     )
     assert argv[:2] == ["docker", "run"]
+    # The container's cgroup goes below the job's (cgroupfs driver: a path from the cgroup v2 mount).
+    assert argv[argv.index("--cgroup-parent") + 1] == "/system.slice/gpushare-agent.service/jobs/job-5-2"
     assert argv[argv.index("--gpus") + 1] == '"device=GPU-a,GPU-b"'
     assert argv[argv.index("--user") + 1] == "1000:1000"
     assert argv[argv.index("--name") + 1] == "gpushare-job-5-2"
     assert argv[argv.index("--env-file") + 1] == "/var/lib/gpushare/agent/n/env/5-2.env"
     assert argv[-4:] == ["--", "nvcr.io/nvidia/pytorch:24.05-py3", "python", "train.py"]
     no_gpu = docker_argv(spec(image="alpine", gpu_uuids=[]), docker="docker", workdir=Path("/w"))
-    assert "--gpus" not in no_gpu
+    assert "--gpus" not in no_gpu and "--cgroup-parent" not in no_gpu

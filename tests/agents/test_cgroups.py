@@ -4,13 +4,16 @@ drops privileges."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import uuid
 
 import psutil
 import pytest
 
-from agents.agent.cgroups import unified_mount
+from agents.agent.cgroups import JobCgroup, pid_cgroup, unified_mount
+from agents.agent.jobs import LaunchSpec, RunningJob
 from agents.dispatch import node_send
 from tests.agents.conftest import launch_direct, wait_output
 from tests.factories import wait_for
@@ -97,3 +100,46 @@ def test_run_as_joins_the_cgroup_then_drops_privileges(agent_factory, node, cgro
     assert f"/{cgroup_dir.name}/job-9302-1" in output.split("cg=")[1]
     agent.stop()  # the agent stops the job and removes its cgroup
     assert not (cgroup_dir / "job-9302-1").exists()
+
+
+def test_a_job_cgroup_is_its_whole_subtree(cgroup_dir):
+    """What a container engine makes below the job's cgroup is the job's: listed, matched by
+    ``/proc/<pid>/cgroup``, killed, and removed with the job's cgroup."""
+    cgroup_dir.mkdir()
+    job, other = JobCgroup.create(cgroup_dir, "9401-1"), JobCgroup.create(cgroup_dir, "9401-10")
+    container = job.path / "docker-abc" / "nested"
+    container.mkdir(parents=True)
+    proc, stranger = (
+        subprocess.Popen(
+            ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 60', str(where)], start_new_session=True
+        )
+        for where in (container, other.path)
+    )
+    try:
+        wait_for(lambda: proc.pid in job.pids(), timeout=10, what="the process in the job's subtree")
+        wait_for(lambda: stranger.pid in other.pids(), timeout=10, what="the other job's process")
+        assert job.pids() == {proc.pid} and other.pids() == {stranger.pid}
+        where = pid_cgroup(proc.pid)
+        assert where == f"/{cgroup_dir.name}/job-9401-1/docker-abc/nested"
+        assert job.holds(where) and not other.holds(where)  # job-9401-10 is not below job-9401-1
+        # What the GPU driver reports, by host pid, goes to the job whose cgroup holds it.
+        running = RunningJob(
+            spec=LaunchSpec.from_message({"job_id": 9401, "command": ["x"]}),
+            proc=None,
+            pgid=-1,
+            started_ms=0,
+            workdir=cgroup_dir,
+            log_path=cgroup_dir,
+            cgroup=job,
+        )
+        on_gpu = {pid: pid_cgroup(pid) for pid in (proc.pid, stranger.pid, os.getpid())}
+        assert running.claim(on_gpu) == {proc.pid}
+        job.kill()
+        assert proc.wait(timeout=10) == -9
+        job.remove()
+        assert not job.path.exists()
+    finally:
+        for process in (proc, stranger):
+            process.kill()
+            process.wait()
+        other.remove()

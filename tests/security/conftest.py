@@ -14,14 +14,17 @@ import random
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
+from agents.agent.cgroups import unified_mount
 from agents.agent.netpolicy import table_name
-from tests.agents.conftest import unique_node_name
+from tests.agents.conftest import fake_nvml, fake_nvml_dir, unique_node_name  # noqa: F401 - shared fixtures
 from tests.factories import wait_for
+from tests.security.fake_engine import cgroup_tree_remove, engine_install
 
 PY = "/usr/bin/python3"
 
@@ -57,7 +60,15 @@ def secure_agent(agent_factory, work_root):
     """
     made = []
 
-    def make(node: str = "", *, pool_size: int = 8, extra=(), wait: bool = True, pool: tuple[int, int] | None = None):
+    def make(
+        node: str = "",
+        *,
+        pool_size: int = 8,
+        extra=(),
+        wait: bool = True,
+        pool: tuple[int, int] | None = None,
+        gpus: str = "sim:2xH100-80GB,2xL4-24GB",
+    ):
         node = node or unique_node_name()
         if pool is None:
             base = random.randrange(300_000, 2_000_000_000, 1000)
@@ -73,14 +84,15 @@ def secure_agent(agent_factory, work_root):
             "0.5",
             *extra,
         ]
-        agent = agent_factory(node, extra=argv, wait=wait)
+        agent = agent_factory(node, gpus=gpus, extra=argv, wait=wait)
         made.append((agent, pool))
         return agent
 
     yield make
     for agent, (first, last) in made:
         agent.stop()
-        subprocess.run(["nft", "delete", "table", "inet", table_name(agent.node)], capture_output=True, check=False)
+        if shutil.which("nft"):  # an agent run with --network-policy off on a host without nftables made none
+            subprocess.run(["nft", "delete", "table", "inet", table_name(agent.node)], capture_output=True, check=False)
         for proc in psutil.process_iter(["uids"]):
             if proc.info["uids"] and first <= proc.info["uids"].real <= last:
                 try:
@@ -89,6 +101,42 @@ def secure_agent(agent_factory, work_root):
                     pass
         for uid in range(first, last + 1):  # the pool's lock files (the agent keeps them: flock + unlink races)
             Path(f"/run/gpushare/uids/{uid}").unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Engine:
+    docker: Path  # the stand-in CLI
+    state: Path  # what it recorded: <container>.cgroup, <container>.argv
+    default_parent: Path  # where its containers go without --cgroup-parent (docker's "/docker")
+
+    def container_cgroup(self, name: str) -> Path:
+        return Path((self.state / f"{name}.cgroup").read_text())
+
+
+@pytest.fixture
+def cgroup_mount() -> Path:
+    mount = unified_mount()
+    assert mount is not None, "this host has no cgroup v2 hierarchy"
+    return mount
+
+
+@pytest.fixture
+def engine(tmp_path, cgroup_mount):
+    """A container engine stand-in (cgroupfs driver) for ``--docker`` (``fake_engine.py``)."""
+    state = tmp_path / "engine"
+    state.mkdir(mode=0o700)
+    default_parent = f"/gs-engine-{os.getpid()}-{random.randrange(1 << 30):x}"
+    docker = engine_install(path=tmp_path / "docker", mount=cgroup_mount, default_parent=default_parent, state=state)
+    yield Engine(docker=docker, state=state, default_parent=cgroup_mount / default_parent.lstrip("/"))
+    cgroup_tree_remove(cgroup_mount / default_parent.lstrip("/"))
+
+
+@pytest.fixture
+def jobs_cgroup(cgroup_mount):
+    """A cgroup v2 directory for ``--cgroup-root`` (request it before ``secure_agent``: removed after the agent)."""
+    path = cgroup_mount / f"gs-jobs-{os.getpid()}-{random.randrange(1 << 30):x}"
+    yield path
+    cgroup_tree_remove(path)
 
 
 def nft_tables() -> str:
