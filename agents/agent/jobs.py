@@ -142,6 +142,47 @@ def docker_available(docker: str) -> bool:
     return result.returncode == 0
 
 
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+
+
+def container_network_problem(docker: str, network: str) -> str:
+    """Why containers on ``network`` could reach each other's ports (a multi-tenant node refuses
+    to start containers there), or "". Bridged traffic between two containers never passes the
+    host's firewall, so the node's table cannot stop it: the bridge itself must forbid it
+    (``"icc": false`` in daemon.json for the default bridge, ``-o <ICC_OPTION>=false`` for another).
+    ``none`` has no network; ``host`` shares the node's, where the table's per-uid rules apply."""
+    name = network or "bridge"
+    if name in ("none", "host"):
+        return ""
+    exe = docker_binary(docker)
+    if exe is None:
+        return f"no docker CLI {docker!r} to inspect network {name!r} with"
+    template = '{{.Driver}} {{index .Options "' + ICC_OPTION + '"}}'
+    try:
+        result = subprocess.run(
+            [exe, "network", "inspect", "--format", template, "--", name],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+            env=docker_cli_env(dict(os.environ)),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not inspect docker network {name!r}: {exc}"
+    if result.returncode != 0:
+        return f"could not inspect docker network {name!r}: {result.stderr.strip()[:200]}"
+    driver, _, icc = result.stdout.strip().partition(" ")
+    if driver != "bridge":
+        return f"docker network {name!r} uses the {driver!r} driver; a multi-tenant node runs containers on a bridge"
+    if icc != "false":
+        fix = '"icc": false in /etc/docker/daemon.json' if name == "bridge" else f"-o {ICC_OPTION}=false"
+        return (
+            f"docker network {name!r} lets containers reach each other (inter-container communication is on): "
+            f"another tenant's container could connect to this one; recreate it with {fix}"
+        )
+    return ""
+
+
 def container_name(spec: LaunchSpec) -> str:
     return f"gpushare-job-{spec.job_id}-{spec.attempt}"
 

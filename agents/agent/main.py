@@ -33,6 +33,7 @@ from .jobs import (
     DockerOptions,
     LaunchSpec,
     RunningJob,
+    container_network_problem,
     docker_available,
     docker_binary,
     env_file_problem,
@@ -110,6 +111,7 @@ class Agent:
         self.run_as = self._run_as(config.run_as)
         self.cgroup_root = cgroup_root(config.cgroup_root)
         self.multi_tenant = config.multi_tenant
+        self.container_network_checked: tuple[float, str] = (-1e9, "")  # (monotonic time, problem)
         # The agent's own files: 0700 dirs, 0600 files (the umask is 077 from main()).
         private_dir(config.state_dir.parent)
         private_dir(config.state_dir)
@@ -513,7 +515,19 @@ class Agent:
                 return problem
             if not docker_available(self.config.docker):
                 return f"job asks for image {spec.image!r} but no docker engine answers on this node"
+            if self.multi_tenant:
+                return self._container_network_problem()
         return ""
+
+    def _container_network_problem(self) -> str:
+        """:func:`container_network_problem` for the node's container network, asked again after a minute."""
+        checked_at, problem = self.container_network_checked
+        if time.monotonic() - checked_at > 60:
+            problem = container_network_problem(self.config.docker, self.config.docker_network)
+            self.container_network_checked = (time.monotonic(), problem)
+            if problem:
+                log.error("container jobs refused on this multi-tenant node: %s", problem)
+        return problem
 
     def _workdir_remove(self, path: Path, uid: int | None) -> None:
         shutil.rmtree(path, ignore_errors=True)

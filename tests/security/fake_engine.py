@@ -6,9 +6,10 @@ processes: it makes the container's cgroup ``<cgroup v2 mount>/<--cgroup-parent>
 (a real container's processes are the engine's children, never in the client's process group),
 as the ``--user`` uid with the ``--env-file`` variables, waits for it (passing on SIGTERM, as
 ``docker run`` does), kills what is left in the container's cgroup when its main process ends
-(its PID namespace dies with it) and removes that cgroup. ``docker kill NAME`` kills the container's cgroup. What it was asked is recorded in
-``STATE``. Not emulated: images, mounts, namespaces, capabilities (the argv contract is checked
-by ``test_runtime_steering.py``).
+(its PID namespace dies with it) and removes that cgroup. ``docker kill NAME`` kills the
+container's cgroup. ``docker network inspect`` answers ``STATE/network`` ("<driver> <enable_icc>",
+default "bridge false"). What it was asked is recorded in ``STATE``. Not emulated: images, mounts,
+namespaces, capabilities (the argv contract is checked by ``test_runtime_steering.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ args = sys.argv[1:]
 if args[:1] == ["version"]:
     print("27.0.0")
     sys.exit(0)
+if args[:3] == ["network", "inspect", "--format"]:  # driver and enable_icc, as the agent asks
+    answer = STATE / "network"
+    print(answer.read_text().strip() if answer.exists() else "bridge false")
+    sys.exit(0)
 if args[:1] == ["kill"]:
     (Path((STATE / (args[1] + ".cgroup")).read_text()) / "cgroup.kill").write_text("1")
     sys.exit(0)
 if args[:1] != ["run"]:
-    sys.exit("fake engine: only version, run and kill")
+    sys.exit("fake engine: only version, network inspect, run and kill")
 options, (image, *command) = args[1 : args.index("--")], args[args.index("--") + 1 :]
 
 

@@ -172,3 +172,24 @@ def test_a_restarted_agent_kills_the_containers_its_previous_run_left(engine, jo
     assert "killed the processes left in cgroup job-9831-1 by a previous run" in agent.log()
     assert not (jobs_cgroup / "job-9831-1").exists()
     agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("network", "said"),
+    [
+        ("bridge true", "lets containers reach each other"),
+        ("bridge <no value>", "lets containers reach each other"),  # a bridge made without the option
+        ("overlay <no value>", "uses the 'overlay' driver"),
+    ],
+)
+def test_a_multi_tenant_node_refuses_containers_on_a_network_where_they_reach_each_other(
+    engine, secure_agent, network, said
+):
+    """Bridged traffic between two containers never crosses the node's nft table: a container of
+    tenant B could connect to tenant A's replica. The node refuses the job, saying why and how to fix it."""
+    (engine.state / "network").write_text(network)
+    agent = secure_agent(extra=[*NO_NFT, "--docker", str(engine.docker)])
+    launch_direct(agent, 9841, [PY, "-c", "print('RAN')"], image=IMAGE, tenant="acme")
+    wait_for(lambda: "job 9841 attempt 1 not started" in agent.log(), timeout=30, what="the job refused")
+    assert said in agent.log()
+    assert not (engine.state / "gpushare-job-9841-1.argv").exists()  # no container was started

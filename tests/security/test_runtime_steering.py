@@ -89,6 +89,7 @@ FAKE_DOCKER = r"""#!/bin/sh
 # as the container's --user would.
 record="@RECORD@"
 if [ "$1" = "version" ]; then echo 27.0.0; exit 0; fi
+if [ "$1" = "network" ]; then echo "bridge false"; exit 0; fi  # the default bridge, "icc": false
 env > "$record/env.$$"
 printf '%s\n' "$@" > "$record/argv.$$"
 while [ $# -gt 0 ]; do
