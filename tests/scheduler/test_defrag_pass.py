@@ -143,3 +143,78 @@ def test_no_move_when_defragmentation_is_off_or_the_slices_were_moved_recently(s
     assert "slices may be moved for it from" in training.pending_reason
     expected = timezone.now() + timedelta(minutes=20, seconds=30)
     assert abs(training.estimated_start_at - expected) < timedelta(seconds=5)
+
+
+def run_on(job, uuid: str):
+    """Hold ``job`` running on the GPU ``uuid`` (as a pass and the agent would have)."""
+    gpu = Gpu.objects.select_related("node").get(uuid=uuid)
+    Allocation.objects.create(tenant_id=job.tenant_id, job=job, gpu=gpu, share_milli=job.gpu_milli)
+    with scopes_disabled():
+        Job.objects.filter(pk=job.pk).update(
+            state=JobState.RUNNING, node=gpu.node, attempt=1, scheduled_at=timezone.now(), started_at=timezone.now()
+        )
+    return job
+
+
+def endpoint_with(tenant, name: str, gpus: list[str]) -> list:
+    """An endpoint whose ready replicas (1/2 slices, serving class: not preemptible) run on ``gpus``."""
+    from endpoints.models import Endpoint, Replica
+
+    with scopes_disabled():
+        endpoint = Endpoint.objects.create(tenant=tenant, name=name, command=["serve"], gpu_milli=500)
+        jobs = []
+        for uuid in gpus:
+            job = run_on(submit(tenant, gpus=0.5, priority="serving"), uuid)
+            port = 9000 + Replica.objects.count()
+            Replica.objects.create(tenant=tenant, endpoint=endpoint, job=job, version=1, port=port, state="ready")
+            jobs.append(job)
+    return endpoint, jobs
+
+
+H100_0, H100_1, L4_2, L4_3 = (f"GPU-sim-node-1-{i}" for i in range(4))
+
+
+def test_replicas_of_endpoints_with_another_serving_are_moved(sched, tenant):
+    make_run_fleet()
+    chat, (chat_on_h100, _) = endpoint_with(tenant, "chat", [H100_0, L4_2])
+    embed, (embed_on_h100, _) = endpoint_with(tenant, "embed", [H100_1, L4_3])
+    training = submit(tenant, gpus=2, gpu_model="H100-80GB")
+    assert schedule_pass().moved == 2
+    assert [reload(j).stop_requested for j in (chat_on_h100, embed_on_h100)] == ["move", "move"]
+    with scopes_disabled():
+        assert sorted(JobMove.objects.values_list("job_id", "endpoint_id")) == sorted(
+            [(chat_on_h100.pk, chat.pk), (embed_on_h100.pk, embed.pk)]
+        )
+    assert reload(training).pending_reason.startswith("waiting for 2 slice(s) moved off 2 GPU(s)")
+
+
+def test_single_replicas_stay(sched, tenant):
+    make_run_fleet()
+    endpoint_with(tenant, "chat", [H100_0])
+    endpoint_with(tenant, "embed", [H100_1])
+    training = submit(tenant, gpus=2, gpu_model="H100-80GB")
+    assert schedule_pass().moved == 0  # each endpoint has one replica: it stays
+    assert reload(training).pending_reason == "waiting for 2 free whole H100-80GB GPU(s) on one node"
+
+
+def test_an_endpoint_moved_recently_is_left_alone(sched, tenant):
+    make_run_fleet()
+    chat, (chat_on_h100, other) = endpoint_with(tenant, "chat", [H100_0, L4_2])
+    endpoint_with(tenant, "embed", [H100_1, L4_3])
+    with scopes_disabled():  # another replica of chat was moved five minutes ago
+        JobMove.objects.create(
+            tenant=tenant,
+            job=other,
+            for_job=chat_on_h100,
+            endpoint_id=chat.pk,
+            node="sim-node-1",
+            gpu_uuid=H100_1,
+            freed=[],
+            reason="an earlier move",
+            at=timezone.now() - timedelta(minutes=5),
+            free_at=timezone.now() - timedelta(minutes=5),
+        )
+    training = submit(tenant, gpus=2, gpu_model="H100-80GB")
+    assert schedule_pass().moved == 0
+    assert reload(chat_on_h100).stop_requested == ""
+    assert "slices may be moved for it from" in reload(training).pending_reason
