@@ -30,6 +30,7 @@ out, every choice ordered by explicit keys.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -117,15 +118,17 @@ def defrag_decide(
         return None
     stopping = {r.job_id for r in running if r.stopping}
     fleet_order = {n.name: i for i, n in enumerate(nodes)}
-    # Where moved slices may go: GPUs open to slices with room left (few on a busy fleet), best fit first.
-    room = [
-        (order, index, node, gpu)
+    # Where moved slices may go: GPUs open to slices with room left (few on a busy fleet), least room first.
+    room = sorted(
+        (gpu.free_milli, order, index, node, gpu)
         for order, node in enumerate(nodes)
         if node.schedulable
         for index, gpu in enumerate(node.gpus)
         if gpu.healthy and not gpu.dedicated and gpu.free_milli > 0 and gpu.reservation != DEDICATED_ONLY
-    ]
+    )
     fits_now: dict[tuple, bool] = {}
+    no_move: set[tuple] = set()  # (shape, rank, horizon) searched without a move found
+    promised = set(reserved.values())
     looked = 0
     later: Defrag | None = None
     for request in waiting:
@@ -140,11 +143,17 @@ def defrag_decide(
             fits_now[shape] = _fits_now(nodes, request, stopping)
         if fits_now[shape]:
             continue  # it waits for something else (a reservation ahead of it), not for the spread
-        rank_ok = [s for s in slices if not request.shared and request.count >= 2 or s.running.rank < request.rank]
+        gang = not request.shared and request.count >= 2
+        rank_ok = [s for s in slices if gang or s.running.rank < request.rank]
+        own = request.job_id in promised  # GPUs promised to it: its search differs from its shape's
         for horizon in (now, None):  # moves allowed now; else the first time some are
+            key = (shape, None if gang else request.rank, horizon)
+            if not own and key in no_move:
+                continue
             usable = [s for s in rank_ok if horizon is None or s.allowed_ms <= horizon]
             found = _search(nodes, room, request, usable, stopping, reserved, fleet_order)
             if found is None:
+                no_move.add(key)
                 continue
             node, chosen, moves = found
             at = max([now] + [s.allowed_ms for s in _moved(moves, usable)])
@@ -335,8 +344,8 @@ def _replace(nodes, room, taken: list[_Slice], freed: set[str], reserved) -> dic
     places: dict[int, str] = {}
     for s in sorted(taken, key=lambda s: (-s.running.share_milli, s.running.job_id)):
         ask = s.movable.ask
-        best = None
-        for order, index, node, gpu in room:
+        # the first GPU, least room first, with room for it now (a best fit unless an earlier slice went there)
+        for _, _, _, node, gpu in room[bisect_left(room, (ask.share_milli,)) :]:
             if gpu.uuid in freed or gpu.uuid in reserved or not _eligible_slot(gpu, ask):
                 continue
             if not node.host_fits(ask.cpu_milli, ask.memory_mib):
@@ -349,17 +358,13 @@ def _replace(nodes, room, taken: list[_Slice], freed: set[str], reserved) -> dic
                 continue
             if gpu.mig is not None and not any(m >= mig_need(gpu, ask.share_milli) for m, _ in state[2]):
                 continue
-            key = (state[0] - ask.share_milli, order, index)
-            if best is None or key < best[0]:
-                best = (key, gpu, state)
-        if best is None:
+            break
+        else:
             return None
-        _, gpu, state = best
         state[0] -= ask.share_milli
-        state[1] -= slice_memory(gpu, ask)
+        state[1] -= need
         if gpu.mig is not None:
-            need = mig_need(gpu, ask.share_milli)
-            state[2].remove(next(i for i in state[2] if i[0] >= need))
+            state[2].remove(next(i for i in state[2] if i[0] >= mig_need(gpu, ask.share_milli)))
         left[gpu.uuid] = state
         places[s.running.job_id] = gpu.uuid
     return places
