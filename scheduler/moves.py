@@ -21,6 +21,7 @@ from django.db.models import Max
 
 from . import placement
 from .models import ACTIVE_STATES, MILLI_PER_GPU, Job, JobEvent, JobMode, JobMove, JobState, PriorityClass
+from .placement.core import CLAIM_WAIT
 from .placement.defrag import Defrag, DefragPolicy, Movable, defrag_decide
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def defrag_step(
     why-pending and estimated start of the jobs that moves free GPUs for. Returns the move written."""
     now_ms = int(now.timestamp() * 1000)
     for job_id, (reason, free_at) in claims.waits.items():
-        if job_id in decided.pending:
+        if decided.pending.get(job_id) == CLAIM_WAIT:  # not when something else holds it (a tenant limit)
             decided.pending[job_id] = reason
             decided.estimated_start_ms[job_id] = int(free_at.timestamp() * 1000)
     if not conf.defrag:

@@ -44,6 +44,7 @@ from .preempt import victims_choose, victims_eligible
 from .timeline import Timeline, earliest_start
 
 HARD = float("-inf")  # a reservation no request can use
+CLAIM_WAIT = "waiting for the GPUs that moved slices free for it (defragmentation)"
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:
@@ -451,7 +452,7 @@ class _Planner:
             return True
         for uuid in uuids:
             self.fleet.reserved[uuid] = HARD
-        self.result.pending[request.job_id] = "waiting for the GPUs that moved slices free for it (defragmentation)"
+        self.result.pending[request.job_id] = CLAIM_WAIT
         return False
 
     def _wait_for_stopping(self, request: Request) -> bool:

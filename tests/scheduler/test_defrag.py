@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.placement import GpuSlot, NodeSlot, Policy, plan
+from scheduler.placement.core import CLAIM_WAIT
 from scheduler.placement.defrag import DefragPolicy, Movable, defrag_decide
 from tests.scheduler.core_helpers import H100, L4, ded, node, running, shr
 
@@ -191,7 +192,7 @@ def test_claimed_gpus_are_kept_for_their_job_by_the_core():
     moving = held + [running(10, "sim", [0], share=500, stopping=True), running(11, "sim", [1], share=500)]
     decided = plan([make_run_node()], queue, running=moving, policy=Policy(now_ms=NOW, claims=claims))
     assert not decided.placements
-    assert decided.pending[5] == "waiting for the GPUs that moved slices free for it (defragmentation)"
+    assert decided.pending[5] == CLAIM_WAIT
 
 
 def test_the_decision_is_deterministic():
