@@ -22,7 +22,7 @@ from django.db.models import Max
 from . import placement
 from .models import ACTIVE_STATES, MILLI_PER_GPU, Job, JobEvent, JobMode, JobMove, JobState, PriorityClass
 from .placement.core import CLAIM_WAIT
-from .placement.defrag import Defrag, DefragPolicy, Movable, defrag_decide
+from .placement.defrag import Defrag, DefragPolicy, Movable, defrag_candidates, defrag_decide
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ def defrag_step(
         return None
     by_id = {r.job_id: r for r in requests}
     waiting = [by_id[j] for j in decided.blocked if j in by_id and j not in claims.waits]
+    policy = DefragPolicy(
+        now_ms=now_ms,
+        min_interval_ms=conf.defrag_min_interval_s * 1000,
+        min_gain_ms=conf.defrag_min_gain_s * 1000,
+        grace_ms=grace_ms,
+    )
+    waiting = defrag_candidates(waiting, running, policy=policy, estimates=decided.estimated_start_ms)
     if not waiting:
         return None
     victims = {p.victim_id for p in decided.preemptions}
@@ -98,12 +105,7 @@ def defrag_step(
         waiting,
         running,
         movable,
-        policy=DefragPolicy(
-            now_ms=now_ms,
-            min_interval_ms=conf.defrag_min_interval_s * 1000,
-            min_gain_ms=conf.defrag_min_gain_s * 1000,
-            grace_ms=grace_ms,
-        ),
+        policy=policy,
         moved_ms=moved_ms,
         endpoint_moved_ms=endpoint_moved_ms,
         estimates=decided.estimated_start_ms,
@@ -136,7 +138,6 @@ def _movable(slices: list[placement.Running], classes: dict[int, PriorityClass])
     ids = [r.job_id for r in slices if r.preemptible or r.job_id in replicas]
     if not ids:
         return {}
-    by_pk = {c.pk: c for c in classes.values()}
     rows = Job.objects.filter(pk__in=ids).values_list(
         "id", "tenant_id", "priority_id", "submitted_at", "mode", "gpu_milli", "gpu_model", "gpu_memory_mb"
     )
@@ -144,7 +145,7 @@ def _movable(slices: list[placement.Running], classes: dict[int, PriorityClass])
     for job_id, tenant_id, priority_id, submitted_at, mode, milli, model, memory in rows:
         if mode != JobMode.SHARED:
             continue
-        klass = by_pk[priority_id]
+        klass = classes[priority_id]
         endpoint, serving = replicas.get(job_id, (None, 0))
         ask = placement.Request(
             job_id=job_id,

@@ -131,13 +131,11 @@ def defrag_decide(
     promised = set(reserved.values())
     looked = 0
     later: Defrag | None = None
-    for request in waiting:
-        if not (request.shared or request.count) or looked >= policy.waiting_checked:
-            continue
+    for request in defrag_candidates(waiting, running, policy=policy, estimates=estimates):
+        if looked >= policy.waiting_checked:
+            break
         looked += 1
         estimate = estimates.get(request.job_id)
-        if estimate is not None and estimate - (now + policy.grace_ms) < policy.min_gain_ms:
-            continue  # it starts soon enough without a move
         shape = request.shape()
         if shape not in fits_now:
             fits_now[shape] = _fits_now(nodes, request, stopping)
@@ -172,6 +170,32 @@ def defrag_decide(
                 later = decision
             break
     return later
+
+
+def defrag_candidates(
+    waiting: Sequence[Request],
+    running: Sequence[Running],
+    *,
+    policy: DefragPolicy,
+    estimates: Mapping[int, int] | None = None,
+) -> list[Request]:
+    """The waiting jobs a move might help (cheap, before anything else is read): GPU jobs that are gangs or
+    rank above some running slice, and would otherwise wait at least ``min_gain_ms`` past the grace period."""
+    estimates = estimates or {}
+    lowest = min((r.rank for r in running if r.share_milli < WHOLE and not r.stopping), default=None)
+    if lowest is None:
+        return []
+    found = []
+    for request in waiting:
+        if not (request.shared or request.count):
+            continue
+        if (request.shared or request.count < 2) and request.rank <= lowest:
+            continue
+        estimate = estimates.get(request.job_id)
+        if estimate is not None and estimate - (policy.now_ms + policy.grace_ms) < policy.min_gain_ms:
+            continue  # it starts soon enough without a move
+        found.append(request)
+    return found
 
 
 def _moved(moves: Sequence[Move], slices: Sequence[_Slice]) -> list[_Slice]:
