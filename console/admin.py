@@ -362,8 +362,15 @@ _take_over(AuditLog, AuditLogAdmin)
 class SchedulerSettingsAdmin(admin.ModelAdmin):
     """The scheduler's knobs, one row; saved through scheduler.rules.scheduler_settings_update (audited)."""
 
-    fields = ["fair_share_half_life_s", "default_max_runtime_s", "backfill"]
-    list_display = ["__str__", "fair_share_half_life_s", "default_max_runtime_s", "backfill", "updated_at"]
+    fields = [
+        "fair_share_half_life_s",
+        "default_max_runtime_s",
+        "backfill",
+        "defrag",
+        "defrag_min_interval_s",
+        "defrag_min_gain_s",
+    ]
+    list_display = ["__str__", "fair_share_half_life_s", "default_max_runtime_s", "backfill", "defrag", "updated_at"]
 
     def has_add_permission(self, request):
         return not SchedulerSettings.objects.exists()
@@ -378,6 +385,9 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
                 fair_share_half_life_s=obj.fair_share_half_life_s,
                 default_max_runtime_s=obj.default_max_runtime_s,
                 backfill=obj.backfill,
+                defrag=obj.defrag,
+                defrag_min_interval_s=obj.defrag_min_interval_s,
+                defrag_min_gain_s=obj.defrag_min_gain_s,
             )
         except RuleError as exc:
             messages.error(request, f"Not saved: {exc}")

@@ -97,3 +97,27 @@ def with_totals(endpoints: QuerySet[Endpoint]) -> QuerySet[Endpoint]:
         cost_total=Coalesce(Sum("replicas__job__cost"), Value(Decimal(0)), output_field=DecimalField()),
         gpu_ms_total=Coalesce(Sum("replicas__job__gpu_ms"), Value(0)),
     )
+
+
+@scopes_disabled()
+def replicas_serving(job_ids) -> dict[int, tuple[int, int]]:
+    """For the jobs among ``job_ids`` that are live replicas: (their endpoint, how many of its replicas serve
+    now: ready, their job running). The scheduler's defragmentation moves a replica only if others serve."""
+    rows = list(
+        Replica.objects.filter(job_id__in=list(job_ids))
+        .exclude(state=Replica.State.STOPPED)
+        .values_list("job_id", "endpoint_id")
+    )
+    if not rows:
+        return {}
+    serving = dict(
+        Replica.objects.filter(
+            endpoint_id__in={endpoint for _, endpoint in rows},
+            state=Replica.State.READY,
+            job__state__in=ROUTABLE_JOB_STATES,
+        )
+        .values("endpoint_id")
+        .annotate(n=Count("id"))
+        .values_list("endpoint_id", "n")
+    )
+    return {job_id: (endpoint, serving.get(endpoint, 0)) for job_id, endpoint in rows}

@@ -242,6 +242,34 @@ class JobEvent(models.Model):
         ordering = ["at", "id"]
 
 
+class JobMove(models.Model):
+    """A slice moved (drained with its grace period and queued again) so that a waiting job can start on the
+    cards it frees: defragmentation (``scheduler.placement.defrag``). The rows of one decision share
+    ``for_job`` and ``freed``; while ``for_job`` waits, ``freed`` is promised to it. Also the disturbance
+    history: a job or an endpoint is moved at most once per ``SchedulerSettings.defrag_min_interval_s``."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")  # the moved job's
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="moves")
+    for_job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="moves_for")
+    endpoint_id = models.PositiveIntegerField(null=True, blank=True)  # a replica: its endpoint (no FK: a higher app)
+    node = models.CharField(max_length=100)
+    gpu_uuid = models.CharField(max_length=100)  # where the moved slice ran
+    freed = models.JSONField(default=list)  # uuids of the GPUs freed for for_job
+    reason = models.CharField(max_length=300)
+    at = models.DateTimeField()
+    free_at = models.DateTimeField()  # when the moved slices are expected gone (the grace period)
+
+    objects = ScopedManager(tenant="tenant")
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [
+            models.Index(fields=["job", "at"], name="jobmove_job_at"),
+            models.Index(fields=["endpoint_id", "at"], name="jobmove_endpoint_at"),
+            models.Index(fields=["for_job", "at"], name="jobmove_for_job_at"),
+        ]
+
+
 class JobLogChunk(models.Model):
     """A piece of a job's output, at a byte offset; shipped by the agent."""
 
@@ -292,6 +320,17 @@ class SchedulerSettings(models.Model):
         default=24 * 3600, help_text="Runtime assumed for jobs that give none (backfill and estimates use it)."
     )
     backfill = models.BooleanField(default=True, help_text="Let smaller jobs start if they do not delay the head.")
+    defrag = models.BooleanField(
+        default=True,
+        help_text="Move slices (preemptible, or replicas of endpoints with more than one) off the cards a waiting "
+        "gang or higher-priority job needs, when that lets it start.",
+    )
+    defrag_min_interval_s = models.PositiveIntegerField(
+        default=30 * 60, help_text="A job, or an endpoint's replicas, is moved at most once per this many seconds."
+    )
+    defrag_min_gain_s = models.PositiveIntegerField(
+        default=10 * 60, help_text="Move only if the waiting job would otherwise start at least this much later."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -49,6 +49,7 @@ from .models import (
     TenantShare,
     TenantUsage,
 )
+from .moves import claims_open, defrag_step
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +285,7 @@ class PassResult:
     placed: int = 0
     pending: int = 0
     preempted: int = 0
+    moved: int = 0  # slices moved to free GPUs for a waiting job (defragmentation)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (read, plan, write)
 
@@ -330,6 +332,7 @@ def schedule_pass(*, now=None) -> PassResult:
     if not queued:
         return PassResult(seconds=time.perf_counter() - started)
     nodes, gpu_ids = _fleet()
+    claims = claims_open(now)
     policy = placement.Policy(
         now_ms=now_ms,
         weights={str(t): float(w) for t, w in TenantShare.objects.values_list("tenant_id", "weight")},
@@ -340,6 +343,7 @@ def schedule_pass(*, now=None) -> PassResult:
         backfill=conf.backfill,
         default_max_runtime_ms=conf.default_max_runtime_s * 1000,
         preempt_grace_ms=max((c.grace_period_s for c in classes.values()), default=30) * 1000,
+        claims=claims.gpus,
         **placement_inputs(now),
     )
     requests = [_request(row, classes) for row in queued]
@@ -349,12 +353,24 @@ def schedule_pass(*, now=None) -> PassResult:
     rows = {row[0]: row for row in queued}
     _placements_write(decided.placements, rows, gpu_ids, now)
     preempted = _preemptions_write(decided.preemptions, classes)
+    move = defrag_step(
+        decided=decided,
+        nodes=nodes,
+        requests=requests,
+        running=running,
+        classes=classes,
+        conf=conf,
+        claims=claims,
+        grace_ms=policy.preempt_grace_ms,
+        now=now,
+    )
     _pending_write(decided, rows, now)
     timings["write"] = time.perf_counter() - started - timings["read"] - timings["plan"]
     result = PassResult(
         placed=len(decided.placements),
         pending=len(decided.pending),
         preempted=preempted,
+        moved=len(move.moves) if move else 0,
         seconds=time.perf_counter() - started,
         timings=timings,
     )

@@ -241,13 +241,20 @@ def scheduler_settings_update(
     fair_share_half_life_s: int | None = None,
     default_max_runtime_s: int | None = None,
     backfill: bool | None = None,
+    defrag: bool | None = None,
+    defrag_min_interval_s: int | None = None,
+    defrag_min_gain_s: int | None = None,
 ) -> SchedulerSettings:
     conf = settings_get()
-    before = {
-        "fair_share_half_life_s": conf.fair_share_half_life_s,
-        "default_max_runtime_s": conf.default_max_runtime_s,
-        "backfill": conf.backfill,
-    }
+    knobs = (
+        "fair_share_half_life_s",
+        "default_max_runtime_s",
+        "backfill",
+        "defrag",
+        "defrag_min_interval_s",
+        "defrag_min_gain_s",
+    )
+    before = {name: getattr(conf, name) for name in knobs}
     if fair_share_half_life_s is not None:
         conf.fair_share_half_life_s = _int(fair_share_half_life_s, "fair_share_half_life_s", low=1)
     if default_max_runtime_s is not None:
@@ -256,12 +263,16 @@ def scheduler_settings_update(
         if not isinstance(backfill, bool):
             raise RuleError("backfill must be true or false", field="backfill")
         conf.backfill = backfill
+    if defrag is not None:
+        if not isinstance(defrag, bool):
+            raise RuleError("defrag must be true or false", field="defrag")
+        conf.defrag = defrag
+    if defrag_min_interval_s is not None:
+        conf.defrag_min_interval_s = _int(defrag_min_interval_s, "defrag_min_interval_s", low=0)
+    if defrag_min_gain_s is not None:
+        conf.defrag_min_gain_s = _int(defrag_min_gain_s, "defrag_min_gain_s", low=0)
     conf.save()
-    after = {
-        "fair_share_half_life_s": conf.fair_share_half_life_s,
-        "default_max_runtime_s": conf.default_max_runtime_s,
-        "backfill": conf.backfill,
-    }
+    after = {name: getattr(conf, name) for name in knobs}
     audit_record(actor=actor, tenant=None, action="scheduler.settings", target="scheduler", before=before, after=after)
     schedule_soon()
     return conf

@@ -233,6 +233,7 @@ def _final_state(job: Job, exit_code: int | None) -> str:
     return {
         "cancel": JobState.CANCELLED,
         "preempt": JobState.PREEMPTED,
+        "move": JobState.PREEMPTED,  # moved off its GPUs (defragmentation): queued again at once
     }.get(job.stop_requested, JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED)
 
 
@@ -273,7 +274,9 @@ def job_exited(
         fields += ("preemption_count",)
     job_transition(job, final, detail, save_fields=fields)
     allocations_release(job)
-    if final == JobState.PREEMPTED:
+    if final == JobState.PREEMPTED and job.stop_requested == "move":
+        job_requeue(job, detail="requeued to be placed again (moved to free GPUs: defragmentation)")
+    elif final == JobState.PREEMPTED:
         job_requeue(job, detail="requeued after preemption")
     elif final == JobState.LOST and settings.GPUSHARE["LOST_JOB_POLICY"] == "requeue":
         job_requeue(job, detail="requeued after being lost")

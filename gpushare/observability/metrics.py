@@ -12,6 +12,7 @@ by view, method and status, latency histograms by view). This module adds:
 | ``gpushare_scheduler_pass_placements`` | histogram | | jobs placed by one pass |
 | ``gpushare_scheduler_placements_total`` | counter | | jobs placed |
 | ``gpushare_scheduler_preemptions_total`` | counter | | jobs preempted |
+| ``gpushare_scheduler_moves_total`` | counter | | slices moved to free GPUs for a waiting job (defragmentation) |
 | ``gpushare_usage_windows_total`` | counter | outcome | metering windows: stored, rejected, replayed |
 | ``gpushare_usage_ingest_lag_seconds`` | histogram | | from a window's end on the node to it being stored |
 | ``gpushare_stripe_webhook_refused_total`` | counter | reason | Stripe events refused (e.g. amount_mismatch) |
@@ -46,6 +47,7 @@ PASS_PLACEMENTS = Histogram(
 )
 PLACEMENTS = Counter("gpushare_scheduler_placements", "Jobs placed by scheduling passes.")
 PREEMPTIONS = Counter("gpushare_scheduler_preemptions", "Jobs preempted by scheduling passes.")
+MOVES = Counter("gpushare_scheduler_moves", "Slices moved by scheduling passes to free GPUs (defragmentation).")
 WINDOWS = Counter("gpushare_usage_windows", "Metering windows received from nodes, by outcome.", ["outcome"])
 INGEST_LAG = Histogram(
     "gpushare_usage_ingest_lag_seconds",
@@ -64,6 +66,7 @@ def scheduler_pass_observe(result) -> None:
     PASS_PLACEMENTS.observe(result.placed)
     PLACEMENTS.inc(result.placed)
     PREEMPTIONS.inc(getattr(result, "preempted", 0))
+    MOVES.inc(getattr(result, "moved", 0))
 
 
 def usage_ingest_observe(*, outcome: dict, end_ms: list[int], now_ms: int | None = None) -> None:

@@ -44,6 +44,7 @@ from .preempt import victims_choose, victims_eligible
 from .timeline import Timeline, earliest_start
 
 HARD = float("-inf")  # a reservation no request can use
+CLAIM_WAIT = "waiting for the GPUs that moved slices free for it (defragmentation)"
 
 
 def queue_order(requests: Iterable[Request]) -> list[Request]:
@@ -77,6 +78,7 @@ class _Planner:
         self._behind_head: set[int] = set()
         self._named: dict[int, dict[str, int]] = {}
         self._unlearned: dict[int, list[Request]] = {}
+        self._claims_apply()
 
     # -- state of the fleet and tenants ----------------------------------------
     def _apply_running(self, nodes: list[NodeSlot], running: list[Running]) -> None:
@@ -213,6 +215,7 @@ class _Planner:
                     ),
                 )
         self._estimate()
+        self.result.reserved = dict(self.reserved_for)
         return self.result
 
     def _decide(self, request: Request) -> bool:
@@ -234,6 +237,8 @@ class _Planner:
         if self._unlearned:
             self._learn_rank(request.rank)
         self.fleet.avoid = self._avoid(request.rank) if self._named else frozenset()
+        if request.job_id in self._claimed:
+            return self._place_claimed(request, end)
         if self._place(request, end):
             if request.models and request.rank in self._named:
                 named = self._named[request.rank]
@@ -243,6 +248,7 @@ class _Planner:
         if self._wait_for_stopping(request) or self._preempt(request):
             return False
         self._capacity_blocked.append(request)
+        self.result.blocked.append(request.job_id)
         if self.fleet.reserved and self._fits_ignoring_reservations(request):
             owner = self._reservation_owner(request)
             pending[request.job_id] = (
@@ -426,6 +432,28 @@ class _Planner:
         for uuid in uuids:
             self.fleet.reserved[uuid] = min(self.fleet.reserved.get(uuid, until), until)
             self.reserved_for.setdefault(uuid, request.job_id)
+
+    def _claims_apply(self) -> None:
+        """GPUs that moved slices free for a waiting job (:mod:`.defrag`): promised to it, closed to all else."""
+        self._claimed = set(self.policy.claims.values())
+        for uuid, job in self.policy.claims.items():
+            if uuid in self.fleet.gpus:
+                self.fleet.reserved[uuid] = HARD
+                self.reserved_for[uuid] = job
+
+    def _place_claimed(self, request: Request, end: float) -> bool:
+        """Place a job that GPUs are being freed for, with its claimed GPUs open to it; until they are free
+        it waits for them (no preemption, no other reservation: the move is its way in)."""
+        uuids = [u for u, job in self.policy.claims.items() if job == request.job_id and u in self.fleet.gpus]
+        for uuid in uuids:
+            del self.fleet.reserved[uuid]
+        self._no_fit.pop(request.shape(), None)  # it was learned with these GPUs closed
+        if self._place(request, end):
+            return True
+        for uuid in uuids:
+            self.fleet.reserved[uuid] = HARD
+        self.result.pending[request.job_id] = CLAIM_WAIT
+        return False
 
     def _wait_for_stopping(self, request: Request) -> bool:
         if not self.stopping_end or not self.policy.may_preempt.get(request.priority):

@@ -177,6 +177,8 @@ class Policy:
     # mix of shapes, on top of the queue itself.
     model_price: dict[str, float] = field(default_factory=dict)
     recent: tuple[Request, ...] = ()
+    # GPUs a move frees for a waiting job (see .defrag): GPU uuid -> that job's id. No one else may use them.
+    claims: dict[str, int] = field(default_factory=dict)
 
     def runtime_ms(self, request: Request) -> int:
         return request.max_runtime_ms or self.default_max_runtime_ms
@@ -204,3 +206,5 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
     estimated_start_ms: dict[int, int] = field(default_factory=dict)  # pending job id -> earliest start
     positions: dict[int, int] = field(default_factory=dict)  # job id -> 1-based place in the effective order
+    blocked: list[int] = field(default_factory=list)  # jobs that wait on capacity (not limits), in queue order
+    reserved: dict[str, int] = field(default_factory=dict)  # GPU uuid -> the waiting job it is promised to

@@ -94,6 +94,11 @@ def test_invalid_rules_are_refused_with_the_rule_stated(sched, refused):
     refused(
         lambda: scheduler_settings_update(actor=None, fair_share_half_life_s=0), "at least 1", "fair_share_half_life_s"
     )
+    refused(lambda: scheduler_settings_update(actor=None, defrag="yes"), "defrag must be true or false", "defrag")
+    refused(
+        lambda: scheduler_settings_update(actor=None, defrag_min_interval_s=-1), "at least 0", "defrag_min_interval_s"
+    )
+    refused(lambda: scheduler_settings_update(actor=None, defrag_min_gain_s="10"), "whole number", "defrag_min_gain_s")
 
 
 def test_preemption_cycles_are_refused(sched, refused):
@@ -135,3 +140,11 @@ def test_backfill_switch_takes_effect_on_the_next_pass(sched, tenant):
     assert reload(head).state == JobState.QUEUED and reload(blocker).state == JobState.SCHEDULED
     with scopes_disabled():
         assert Job.objects.filter(state=JobState.SCHEDULED).count() == 2
+
+
+def test_defragmentation_settings_are_audited(sched):
+    conf = scheduler_settings_update(actor=None, defrag=False, defrag_min_interval_s=600, defrag_min_gain_s=60)
+    assert (conf.defrag, conf.defrag_min_interval_s, conf.defrag_min_gain_s) == (False, 600, 60)
+    entry = AuditLog.objects.get(action="scheduler.settings")
+    assert entry.before["defrag"] is True and entry.before["defrag_min_interval_s"] == 1800
+    assert entry.after["defrag"] is False and entry.after["defrag_min_gain_s"] == 60
