@@ -129,3 +129,20 @@ def test_the_in_flight_bound_is_the_servers_connection_limit():
     with connection.cursor() as cursor:
         cursor.execute("SHOW max_connections")
         assert admission_services.in_flight_bound() == int(cursor.fetchone()[0])
+
+
+def test_a_shared_admission_that_finds_the_counts_at_the_edge_asks_for_a_retry(tenant):
+    """The unlocked look said "far", but an array committed before the shared lock was granted and
+    brought the counts within the in-flight bound of the limit: the submit cannot prove it fits
+    without waiting for the others, which a shared holder cannot do, so it answers 409 and keeps nothing."""
+    from accounts.selectors import limits_for
+    from scheduler.admission import JobAsk
+
+    quota_set(tenant=tenant, actor=None, max_open_jobs=admission_services.in_flight_bound())
+    ask = JobAsk(kind="training", mode="dedicated", gpu_milli=1000, max_runtime_s=60, price_multiplier=1, gpu_model="")
+    with pytest.raises(JobError) as refused, transaction.atomic():
+        admission_services._counts_admitted(tenant, limits_for(tenant), ask, exact=False)
+    assert refused.value.code == "conflict" and "retry" in str(refused.value)
+    # The exact path admits the same job: there is room for it.
+    with transaction.atomic():
+        admission_services._counts_admitted(tenant, limits_for(tenant), ask, exact=True)
