@@ -235,6 +235,16 @@ class JobSerializer(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
 
+    # The columns to_representation reads (a list page fetches only these; a test reads every field of a
+    # page in one query, so a column missing here would show as a query per job).
+    JOB_COLUMNS = (
+        *("id", "tenant_id", "array_id", "array_index", "name", "kind", "gpu_milli", "mode", "state"),
+        *("pending_reason", "estimated_start_at", "priority__name", "node__name", "isolation", "command"),
+        *("image", "gpu_model", "gpu_memory_mb", "max_runtime_s", "submitted_at", "started_at", "finished_at"),
+        *("exit_code", "stop_reason", "preemption_count", "cost", "gpu_ms", "sm_util_ms", "memory_peak_mb"),
+        "energy_mj",
+    )
+
     class Meta:
         model = Job
         fields = [

@@ -76,7 +76,10 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view's shape
             return Job.objects.none()
         # One query for a page or a job: queue position and GPUs are computed in it (no per-row query).
-        return with_api_fields(jobs_for_tenant(tenant=self.tenant), queue_position=self.action != "list")
+        jobs = jobs_for_tenant(tenant=self.tenant)
+        if self.action == "list":  # only what a page shows: not the environment (secrets) nor the node's columns
+            jobs = jobs.only(*JobSerializer.JOB_COLUMNS)
+        return with_api_fields(jobs, queue_position=self.action != "list")
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))

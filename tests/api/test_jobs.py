@@ -220,6 +220,8 @@ def test_list_queries_do_not_grow_with_the_page(rules, tenant, api_client_for):
     assert len(response.json()["results"]) == 20
     job_queries = [q["sql"] for q in queries.captured_queries if "scheduler_job" in q["sql"]]
     assert len(job_queries) == 2, job_queries
+    # Only what the page shows: never the jobs' environments (tenant secrets), nor the nodes' token hashes.
+    assert '"scheduler_job"."env"' not in job_queries[0] and "token_hash" not in job_queries[0]
     assert not any("COUNT(" in q["sql"].upper() for q in queries.captured_queries)
     with scopes_disabled():
         Job.objects.filter(tenant=tenant, state=JobState.QUEUED).update(state=JobState.SUCCEEDED)
