@@ -84,7 +84,7 @@ def queue_positions(*, job_ids: list[int]) -> dict[int, int]:
     """
     if not job_ids:
         return {}
-    with scopes_disabled():
+    with scopes_disabled():  # the ids are the caller's jobs; the place counts every tenant's queue
         rows = (
             Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED)
             .annotate(position=RawSQL(_queue_position_sql(), [], output_field=IntegerField()))

@@ -1,0 +1,223 @@
+"""Every service that acts for a tenant runs in that tenant's scope (issue #18 point 4).
+
+The services are found by introspection, not listed: every public function of every app's
+``services`` module (or package) and ``*_services`` module that takes ``tenant`` or ``tenant_id``.
+Each is called outside any scope with a tenant and must work; while it runs, every query on a
+tenant-owned table (a model with django-scopes' ``ScopedManager``) must run inside that tenant's
+scope. A service that forgot its scope raises ScopeError; one that turned scopes off to act for one
+tenant (where a forgotten filter would read every tenant's rows) is caught by the query watch.
+A new service is walked as soon as it exists: if the walk cannot build one of its arguments it
+fails and names the argument to add to ``_arguments``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import pkgutil
+import re
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from django.apps import apps
+from django.conf import settings
+from django.db import connection, transaction
+from django_scopes import ScopeError, get_scope
+
+from accounts.models import Role
+from accounts.tenancy import acts_for_tenant, tenant_scope
+from billing.services.payments import customer_ensure
+from endpoints.services import EndpointSpec
+from scheduler.admission import JobAsk
+from scheduler.arrays import array_parse
+from scheduler.services import JobSpec, priority_for
+from tests.admission import broken_services
+from tests.api.helpers import job_make
+from tests.factories import member_add
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(settings.BASE_DIR).resolve()
+TENANT_ARGS = ("tenant", "tenant_id")
+# The first table a statement reads or writes (joins ride on it, as django-scopes filters them).
+TABLE = re.compile(r'^\s*(?:SELECT\b.*?\bFROM|INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+"(\w+)"', re.I | re.S)
+
+
+def service_modules() -> list[ModuleType]:
+    """Each project app's ``services`` module (or every module of its ``services`` package) and ``*_services``."""
+    found = []
+    for config in apps.get_app_configs():
+        path = Path(config.path).resolve()
+        if ROOT not in path.parents:
+            continue
+        for info in pkgutil.iter_modules([str(path)]):
+            if info.name == "services" or info.name.endswith("_services"):
+                module = importlib.import_module(f"{config.name}.{info.name}")
+                found.append(module)
+                if info.ispkg:
+                    found += [
+                        importlib.import_module(f"{module.__name__}.{sub.name}")
+                        for sub in pkgutil.iter_modules(module.__path__)
+                    ]
+    return found
+
+
+def tenant_services(module: ModuleType) -> dict[str, object]:
+    return {
+        f"{module.__name__}.{name}": func
+        for name, func in inspect.getmembers(module, inspect.isfunction)
+        if func.__module__ == module.__name__
+        and not name.startswith("_")
+        and any(arg in inspect.signature(func).parameters for arg in TENANT_ARGS)
+    }
+
+
+def scoped_tables() -> set[str]:
+    return {
+        model._meta.db_table
+        for model in apps.get_models()
+        if hasattr(type(model._default_manager), "with_scopes_disabled")  # django-scopes' ScopedManager
+    }
+
+
+@contextlib.contextmanager
+def query_watch(tenant_id: int):
+    """Record every statement on a tenant table that runs outside ``tenant_id``'s scope."""
+    tables, strays = scoped_tables(), []
+
+    def watch(execute, sql, params, many, context):
+        match = TABLE.match(sql)
+        if match and match.group(1) in tables:
+            current = get_scope()
+            value = current.get("tenant")
+            if not current.get("_enabled", True) or getattr(value, "pk", value) != tenant_id:
+                where = "scopes disabled" if not current.get("_enabled", True) else f"scope {current}"
+                strays.append(f"{match.group(1)} ({where})")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        yield strays
+
+
+def walk(modules, arguments) -> tuple[list[str], dict[str, str]]:
+    """Call each service that takes a tenant, outside any scope, each in a savepoint rolled back after.
+    Returns (the services walked, problems by service)."""
+    walked, problems = [], {}
+    for module in modules:
+        for name, func in sorted(tenant_services(module).items()):
+            walked.append(name)
+            kwargs = arguments(func)
+            assert get_scope() == {}, "the walk calls services outside any scope"
+            try:
+                with (
+                    transaction.atomic(),
+                    query_watch(kwargs["tenant"].pk if "tenant" in kwargs else kwargs["tenant_id"]) as strays,
+                ):
+                    func(**kwargs)
+                    transaction.set_rollback(True)
+            except ScopeError as exc:
+                problems[name] = f"ScopeError: {exc}"
+                continue
+            except Exception as exc:  # noqa: BLE001 (the walk reports what each service raised)
+                problems[name] = f"raised {type(exc).__name__}: {exc}"
+                continue
+            if strays:
+                problems[name] = "queries outside the tenant's scope: " + ", ".join(sorted(set(strays)))
+    return walked, problems
+
+
+@pytest.fixture
+def arguments(rules, tenant, other_tenant):
+    """Builds a service's arguments by name (the walk fails naming any it cannot build)."""
+    owner = member_add(tenant, role=Role.OWNER)
+    job_make(other_tenant)  # another tenant's rows, which no service of `tenant` may read
+    job_make(tenant)
+    priority = priority_for(kind="training")
+    known = {
+        "tenant": tenant,
+        "tenant_id": tenant.pk,
+        "user": owner,
+        "actor": owner,
+        "reason": "the walk",
+        "action": "walk.test",
+        "month": date.today().replace(day=1),
+        "email": "invited@example.com",
+        "name": "walk",
+        "changes": {"name": "Walked"},
+        "url": "https://93.184.215.14/hook",  # public: the SSRF check passes without DNS
+        "event_types": ["job.*"],
+        "type": "job.queued",
+        "data": {"job": 1},
+        "mode": "dedicated",
+        "priority": priority,
+        "ask": JobAsk(kind="training", mode="dedicated", gpu_milli=1000, max_runtime_s=60, price_multiplier=Decimal(1)),
+        "array": array_parse({"count": 3}),
+        "idempotency_key": "walk-key",
+        "gpu_milli": 500,
+        "gpu_model": "",
+        "endpoint_id": None,
+        "max_replicas": 1,
+        "payment_method_id": "pm_card_visa",
+    }
+    specs = {
+        "scheduler": JobSpec(kind="training", gpu_milli=1000, command=["true"], name="walk"),
+        "endpoints": EndpointSpec(name="walk", command=["serve"], gpu_milli=500),
+    }
+
+    def build(func):
+        kwargs = {}
+        for name, param in inspect.signature(func).parameters.items():
+            if name == "spec":
+                kwargs[name] = specs[func.__module__.split(".")[0]]
+            elif name in known:
+                kwargs[name] = known[name]
+            elif param.default is inspect.Parameter.empty and param.kind != param.VAR_KEYWORD:
+                pytest.fail(f"the service walk cannot build {func.__module__}.{func.__name__}'s {name!r}: add it")
+        return kwargs
+
+    return build
+
+
+def test_every_service_that_takes_a_tenant_runs_in_its_scope(arguments, localstripe, tenant):
+    # The Stripe customer exists before the walk: localstripe keeps what a rolled-back call created there.
+    customer_ensure(tenant=tenant)
+    walked, problems = walk(service_modules(), arguments)
+    assert problems == {}, "\n".join(f"{name}: {problem}" for name, problem in problems.items())
+    assert {  # the walk found the services by itself, in every app that has them
+        "scheduler.services.job_submit",
+        "scheduler.array_services.job_array_submit",
+        "endpoints.services.endpoint_create",
+        "webhooks.services.webhook_create",
+        "webhooks.services.event_emit",
+        "accounts.services.tokens.token_create",
+        "billing.services.invoices.invoice_close",
+        "admission.services.job_admit",
+    } <= set(walked)
+
+
+def test_the_walk_catches_a_service_that_forgot_its_scope_or_turned_scopes_off(arguments, tenant):
+    walked, problems = walk([broken_services], arguments)
+    assert sorted(walked) == [
+        "tests.admission.broken_services.jobs_count",
+        "tests.admission.broken_services.jobs_count_forgot_scope",
+        "tests.admission.broken_services.jobs_count_scopes_disabled",
+    ]
+    assert problems["tests.admission.broken_services.jobs_count_forgot_scope"].startswith("ScopeError")
+    assert problems["tests.admission.broken_services.jobs_count_scopes_disabled"] == (
+        "queries outside the tenant's scope: scheduler_job (scopes disabled)"
+    )
+    assert "tests.admission.broken_services.jobs_count" not in problems
+    assert broken_services.jobs_count(tenant=tenant) == 1  # its scope, not the other tenant's job
+
+
+def test_a_tenant_scope_never_means_every_tenant(tenant):
+    with pytest.raises(ValueError):
+        tenant_scope(None)
+    with pytest.raises(TypeError):
+        acts_for_tenant("job")(lambda *, tenant: None)
+    with tenant_scope(tenant):
+        assert get_scope()["tenant"] == tenant.pk
