@@ -1,4 +1,8 @@
-"""Read queries for tenants, members, tokens and the audit log."""
+"""Read queries for tenants, members, tokens and the audit log.
+
+A selector over a tenant's rows takes the tenant and reads through the caller's scope (the API's
+``TenantScopedMixin``, the portal's ``tenant_page``): called outside one it raises ``ScopeError``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from django_scopes import scopes_disabled
 from .limits import LIMIT_NAMES, Limits, limits_merge
 from .models import ApiToken, AuditLog, Invitation, Membership, Plan, Tenant, TenantQuota
 from .permissions import role_allows, role_for
-from .tenancy import tenant_scope
 
 DEFAULT_PLAN = "default"
 
@@ -29,24 +32,21 @@ def audit_log_all() -> QuerySet[AuditLog]:
 
 
 def members_for(*, tenant: Tenant) -> QuerySet[Membership]:
-    with tenant_scope(tenant):
-        return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+    return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
 
 
 def tokens_for(*, tenant: Tenant, viewer) -> QuerySet[ApiToken]:
     """Admins and owners see every token of the tenant; others their own."""
-    with tenant_scope(tenant):
-        tokens = ApiToken.objects.filter(tenant=tenant).select_related("user").order_by("-created_at")
-        if not role_allows(role_for(user=viewer, tenant=tenant), "tokens.read_all"):
-            tokens = tokens.filter(user=viewer)
-        return tokens
+    tokens = ApiToken.objects.filter(tenant=tenant).select_related("user").order_by("-created_at")
+    if not role_allows(role_for(user=viewer, tenant=tenant), "tokens.read_all"):
+        tokens = tokens.filter(user=viewer)
+    return tokens
 
 
 def invitations_pending(*, tenant: Tenant) -> QuerySet[Invitation]:
     from django.utils import timezone
 
-    with tenant_scope(tenant):
-        return Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, expires_at__gt=timezone.now())
+    return Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, expires_at__gt=timezone.now())
 
 
 def tenants_of(*, user) -> QuerySet[Tenant]:

@@ -17,7 +17,7 @@ import importlib
 import inspect
 import pkgutil
 import re
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
@@ -26,10 +26,14 @@ import pytest
 from django.apps import apps
 from django.conf import settings
 from django.db import connection, transaction
-from django_scopes import ScopeError, get_scope
+from django.db.models import QuerySet
+from django.utils import timezone
+from django_scopes import ScopeError, get_scope, scopes_disabled
 
 from accounts.models import Role
+from accounts.selectors import limits_for
 from accounts.tenancy import acts_for_tenant, tenant_scope
+from billing.models import Invoice
 from billing.services.payments import customer_ensure
 from endpoints.services import EndpointSpec
 from scheduler.admission import JobAsk
@@ -47,22 +51,24 @@ TENANT_ARGS = ("tenant", "tenant_id")
 TABLE = re.compile(r'^\s*(?:SELECT\b.*?\bFROM|INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+"(\w+)"', re.I | re.S)
 
 
-def service_modules() -> list[ModuleType]:
-    """Each project app's ``services`` module (or every module of its ``services`` package) and ``*_services``."""
+def app_modules(kind: str) -> list[ModuleType]:
+    """Each project app's (and its ``api`` package's) ``<kind>`` module, every module of a ``<kind>``
+    package, and ``*_<kind>`` modules: ``services`` or ``selectors``."""
     found = []
     for config in apps.get_app_configs():
         path = Path(config.path).resolve()
         if ROOT not in path.parents:
             continue
-        for info in pkgutil.iter_modules([str(path)]):
-            if info.name == "services" or info.name.endswith("_services"):
-                module = importlib.import_module(f"{config.name}.{info.name}")
-                found.append(module)
-                if info.ispkg:
-                    found += [
-                        importlib.import_module(f"{module.__name__}.{sub.name}")
-                        for sub in pkgutil.iter_modules(module.__path__)
-                    ]
+        for package, where in ((config.name, path), (f"{config.name}.api", path / "api")):
+            for info in pkgutil.iter_modules([str(where)]):
+                if info.name == kind or info.name.endswith(f"_{kind}"):
+                    module = importlib.import_module(f"{package}.{info.name}")
+                    found.append(module)
+                    if info.ispkg:
+                        found += [
+                            importlib.import_module(f"{module.__name__}.{sub.name}")
+                            for sub in pkgutil.iter_modules(module.__path__)
+                        ]
     return found
 
 
@@ -103,40 +109,64 @@ def query_watch(tenant_id: int):
         yield strays
 
 
+def call_watched(func, kwargs: dict) -> str | None:
+    """Call ``func`` in a savepoint rolled back after (a returned queryset is read); what went wrong, or None."""
+    tenant_id = kwargs["tenant"].pk if "tenant" in kwargs else kwargs["tenant_id"]
+    try:
+        with transaction.atomic(), query_watch(tenant_id) as strays:
+            result = func(**kwargs)
+            if isinstance(result, QuerySet):
+                list(result)
+            transaction.set_rollback(True)
+    except ScopeError as exc:
+        return f"ScopeError: {exc}"
+    except Exception as exc:  # noqa: BLE001 (the walk reports what each function raised)
+        return f"raised {type(exc).__name__}: {exc}"
+    if strays:
+        return "queries outside the tenant's scope: " + ", ".join(sorted(set(strays)))
+    return None
+
+
 def walk(modules, arguments) -> tuple[list[str], dict[str, str]]:
-    """Call each service that takes a tenant, outside any scope, each in a savepoint rolled back after.
+    """Call each service that takes a tenant outside any scope: it must work, in its tenant's scope.
     Returns (the services walked, problems by service)."""
     walked, problems = [], {}
     for module in modules:
         for name, func in sorted(tenant_services(module).items()):
             walked.append(name)
-            kwargs = arguments(func)
             assert get_scope() == {}, "the walk calls services outside any scope"
-            try:
-                with (
-                    transaction.atomic(),
-                    query_watch(kwargs["tenant"].pk if "tenant" in kwargs else kwargs["tenant_id"]) as strays,
-                ):
-                    func(**kwargs)
-                    transaction.set_rollback(True)
-            except ScopeError as exc:
-                problems[name] = f"ScopeError: {exc}"
-                continue
-            except Exception as exc:  # noqa: BLE001 (the walk reports what each service raised)
-                problems[name] = f"raised {type(exc).__name__}: {exc}"
-                continue
-            if strays:
-                problems[name] = "queries outside the tenant's scope: " + ", ".join(sorted(set(strays)))
+            if (problem := call_watched(func, arguments(func))) is not None:
+                problems[name] = problem
+    return walked, problems
+
+
+def selector_walk(modules, arguments) -> tuple[list[str], dict[str, str]]:
+    """Each selector that takes a tenant: outside any scope it raises ScopeError (it reads through the
+    caller's scope) or enters its tenant's scope itself; in its tenant's scope it works, reading only there."""
+    walked, problems = [], {}
+    for module in modules:
+        for name, func in sorted(tenant_services(module).items()):
+            walked.append(name)
+            kwargs = arguments(func)
+            outside = call_watched(func, kwargs)
+            if outside is not None and not outside.startswith("ScopeError"):
+                problems[name] = f"outside a scope: {outside}"
+            with tenant_scope(kwargs["tenant"]):
+                if (inside := call_watched(func, kwargs)) is not None:
+                    problems[name] = f"in its tenant's scope: {inside}"
     return walked, problems
 
 
 @pytest.fixture
 def arguments(rules, tenant, other_tenant):
-    """Builds a service's arguments by name (the walk fails naming any it cannot build)."""
+    """Builds a service's or selector's arguments by name (the walk fails naming any it cannot build)."""
     owner = member_add(tenant, role=Role.OWNER)
-    job_make(other_tenant)  # another tenant's rows, which no service of `tenant` may read
-    job_make(tenant)
+    theirs = job_make(other_tenant)  # another tenant's rows, which nothing of `tenant` may read
+    mine = job_make(tenant)
+    with scopes_disabled():
+        invoice = Invoice.objects.create(tenant=tenant, month=date.today().replace(day=1) - timedelta(days=40))
     priority = priority_for(kind="training")
+    now = timezone.now()
     known = {
         "tenant": tenant,
         "tenant_id": tenant.pk,
@@ -162,7 +192,23 @@ def arguments(rules, tenant, other_tenant):
         "endpoint_id": None,
         "max_replicas": 1,
         "payment_method_id": "pm_card_visa",
+        # selectors
+        "viewer": owner,
+        "job_id": mine.pk,
+        "job_ids": [mine.pk, theirs.pk],
+        "offset": 0,
+        "invoice_id": invoice.pk,
+        "at": now,
+        "start": now - timedelta(days=30),
+        "end": now,
+        "group_by": "day",
+        "held": [],
+        "see_all": True,
+        "limits": limits_for(tenant),
+        "multiplier": Decimal(1),
+        "max_runtime_s": 3600,
     }
+    by_function = {"endpoint_admit": {"priority": "serving"}}
     specs = {
         "scheduler": JobSpec(kind="training", gpu_milli=1000, command=["true"], name="walk"),
         "endpoints": EndpointSpec(name="walk", command=["serve"], gpu_milli=500),
@@ -171,11 +217,15 @@ def arguments(rules, tenant, other_tenant):
     def build(func):
         kwargs = {}
         for name, param in inspect.signature(func).parameters.items():
+            if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                continue
             if name == "spec":
                 kwargs[name] = specs[func.__module__.split(".")[0]]
+            elif name in by_function.get(func.__name__, {}):
+                kwargs[name] = by_function[func.__name__][name]
             elif name in known:
                 kwargs[name] = known[name]
-            elif param.default is inspect.Parameter.empty and param.kind != param.VAR_KEYWORD:
+            elif param.default is inspect.Parameter.empty:
                 pytest.fail(f"the service walk cannot build {func.__module__}.{func.__name__}'s {name!r}: add it")
         return kwargs
 
@@ -185,7 +235,7 @@ def arguments(rules, tenant, other_tenant):
 def test_every_service_that_takes_a_tenant_runs_in_its_scope(arguments, localstripe, tenant):
     # The Stripe customer exists before the walk: localstripe keeps what a rolled-back call created there.
     customer_ensure(tenant=tenant)
-    walked, problems = walk(service_modules(), arguments)
+    walked, problems = walk(app_modules("services"), arguments)
     assert problems == {}, "\n".join(f"{name}: {problem}" for name, problem in problems.items())
     assert {  # the walk found the services by itself, in every app that has them
         "scheduler.services.job_submit",
@@ -196,6 +246,21 @@ def test_every_service_that_takes_a_tenant_runs_in_its_scope(arguments, localstr
         "accounts.services.tokens.token_create",
         "billing.services.invoices.invoice_close",
         "admission.services.job_admit",
+    } <= set(walked)
+
+
+def test_every_selector_that_takes_a_tenant_reads_only_in_its_scope(arguments):
+    walked, problems = selector_walk(app_modules("selectors"), arguments)
+    assert problems == {}, "\n".join(f"{name}: {problem}" for name, problem in problems.items())
+    assert {
+        "scheduler.selectors.jobs_for_tenant",
+        "scheduler.api.selectors.queue_positions",
+        "scheduler.api.selectors.queue_positions_ranked",
+        "webhooks.selectors.webhooks_for_tenant",
+        "portal.selectors.live_jobs",
+        "billing.selectors.invoices_for_tenant",
+        "admission.selectors.holds_open",
+        "accounts.selectors.members_for",
     } <= set(walked)
 
 
