@@ -63,7 +63,10 @@ def acts_for_tenant(arg: str | tuple[str, str] | Callable = "tenant"):
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            owner = signature.bind_partial(*args, **kwargs).arguments.get(name)
+            if name in kwargs:  # services take keyword-only arguments: the cheap path
+                owner = kwargs[name]
+            else:
+                owner = signature.bind_partial(*args, **kwargs).arguments.get(name)
             if label is None:
                 entered = tenant_scope(owner)
             else:
