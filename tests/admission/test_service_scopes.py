@@ -38,6 +38,7 @@ from billing.services.payments import customer_ensure
 from endpoints.services import EndpointSpec
 from scheduler.admission import JobAsk
 from scheduler.arrays import array_parse
+from scheduler.models import Job
 from scheduler.services import JobSpec, priority_for
 from tests.admission import broken_services
 from tests.api.helpers import job_make
@@ -279,10 +280,19 @@ def test_the_walk_catches_a_service_that_forgot_its_scope_or_turned_scopes_off(a
     assert broken_services.jobs_count(tenant=tenant) == 1  # its scope, not the other tenant's job
 
 
-def test_a_tenant_scope_never_means_every_tenant(tenant):
+def test_a_tenant_scope_never_means_every_tenant(rules, tenant, other_tenant):
     with pytest.raises(ValueError):
         tenant_scope(None)
     with pytest.raises(TypeError):
         acts_for_tenant("job")(lambda *, tenant: None)
     with tenant_scope(tenant):
         assert get_scope()["tenant"] == tenant.pk
+
+    @acts_for_tenant(("scheduler.Job", "job_id"))
+    def jobs_seen(*, job_id):
+        return sorted(Job.objects.values_list("pk", flat=True))
+
+    mine, theirs = job_make(tenant), job_make(other_tenant)
+    assert jobs_seen(job_id=mine.pk) == [mine.pk]  # a row's id: its tenant's scope
+    assert jobs_seen(job_id=theirs.pk) == [theirs.pk]
+    assert jobs_seen(job_id=10**9) == []  # a row that is gone: an empty scope, not every tenant
