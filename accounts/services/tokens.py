@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ..models import ApiToken, Membership, Tenant
 from ..permissions import may_act_on, role_for
-from ..tenancy import tenant_scope
+from ..tenancy import acts_for_tenant, tenant_scope
 from .common import ALL_SCOPES, DEFAULT_SCOPES, TOKEN_PREFIX, AccountsError, audit_record, token_hash
 
 
@@ -60,6 +60,7 @@ def token_create(
     return IssuedToken(token=token, plaintext=plaintext)
 
 
+@acts_for_tenant("token")
 @transaction.atomic
 def token_revoke(*, token: ApiToken, actor) -> ApiToken:
     """Revoke a token (its owner, or an admin/owner of the tenant; actor=None: the platform)."""
