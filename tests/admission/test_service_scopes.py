@@ -30,19 +30,23 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django_scopes import ScopeError, get_scope, scopes_disabled
 
-from accounts.models import Role
+from accounts.models import Membership, Role
 from accounts.selectors import limits_for
+from accounts.services import token_create
 from accounts.tenancy import acts_for_tenant, tenant_scope
 from billing.models import Invoice
 from billing.services.payments import customer_ensure
-from endpoints.services import EndpointSpec
+from endpoints.services import EndpointSpec, endpoint_create
 from scheduler.admission import JobAsk
+from scheduler.array_services import job_array_submit
 from scheduler.arrays import array_parse
 from scheduler.models import Job
 from scheduler.services import JobSpec, priority_for
 from tests.admission import broken_services
 from tests.api.helpers import job_make
 from tests.factories import member_add
+from webhooks.models import Delivery
+from webhooks.services import event_emit, webhook_create
 
 pytestmark = pytest.mark.django_db
 
@@ -110,9 +114,10 @@ def query_watch(tenant_id: int):
         yield strays
 
 
-def call_watched(func, kwargs: dict) -> str | None:
+def call_watched(func, kwargs: dict, tenant_id: int | None = None) -> str | None:
     """Call ``func`` in a savepoint rolled back after (a returned queryset is read); what went wrong, or None."""
-    tenant_id = kwargs["tenant"].pk if "tenant" in kwargs else kwargs["tenant_id"]
+    if tenant_id is None:
+        tenant_id = kwargs["tenant"].pk if "tenant" in kwargs else kwargs["tenant_id"]
     try:
         with transaction.atomic(), query_watch(tenant_id) as strays:
             result = func(**kwargs)
@@ -141,6 +146,40 @@ def walk(modules, arguments) -> tuple[list[str], dict[str, str]]:
     return walked, problems
 
 
+def tenant_models() -> dict[str, type]:
+    """Tenant-owned models by class name (how a service's annotation names them)."""
+    return {m.__name__: m for m in apps.get_models() if any(f.name == "tenant" for f in m._meta.fields)}
+
+
+def row_services(module: ModuleType) -> dict[str, object]:
+    """Public functions that take a tenant-owned row as a keyword-only argument (``job: Job``...);
+    positional ones are helpers that run inside their caller's scope."""
+    models, found = tenant_models(), {}
+    for name, func in inspect.getmembers(module, inspect.isfunction):
+        if func.__module__ != module.__name__ or name.startswith("_"):
+            continue
+        annotations = inspect.unwrap(func).__annotations__
+        for param in inspect.signature(func).parameters.values():
+            annotation = annotations.get(param.name)
+            annotation = annotation.split("|")[0].strip() if isinstance(annotation, str) else None
+            if param.kind == param.KEYWORD_ONLY and annotation in models:
+                found[f"{module.__name__}.{name}"] = func
+    return found
+
+
+def row_walk(modules, arguments, tenant) -> tuple[list[str], dict[str, str]]:
+    """Each service that takes one of the tenant's rows, called outside any scope: it raises ScopeError
+    (it needs its caller's scope) or works in the row's tenant's scope, never with scopes turned off."""
+    walked, problems = [], {}
+    for module in modules:
+        for name, func in sorted(row_services(module).items()):
+            walked.append(name)
+            problem = call_watched(func, arguments(func), tenant_id=tenant.pk)
+            if problem is not None and not problem.startswith("ScopeError"):
+                problems[name] = problem
+    return walked, problems
+
+
 def selector_walk(modules, arguments) -> tuple[list[str], dict[str, str]]:
     """Each selector that takes a tenant: outside any scope it raises ScopeError (it reads through the
     caller's scope) or enters its tenant's scope itself; in its tenant's scope it works, reading only there."""
@@ -165,9 +204,32 @@ def arguments(rules, tenant, other_tenant):
     theirs = job_make(other_tenant)  # another tenant's rows, which nothing of `tenant` may read
     mine = job_make(tenant)
     with scopes_disabled():
-        invoice = Invoice.objects.create(tenant=tenant, month=date.today().replace(day=1) - timedelta(days=40))
+        invoice = Invoice.objects.create(
+            tenant=tenant, month=date.today().replace(day=1) - timedelta(days=40), state=Invoice.State.OPEN
+        )
     priority = priority_for(kind="training")
     now = timezone.now()
+    member = member_add(tenant, role=Role.MEMBER)
+    webhook = webhook_create(tenant=tenant, user=owner, url="https://93.184.215.14/hook", event_types=["job.*"])
+    event = event_emit(tenant_id=tenant.pk, type="job.queued", data={"job": mine.pk})
+    job_array = job_array_submit(
+        tenant=tenant,
+        user=owner,
+        spec=JobSpec(kind="training", gpu_milli=1000, command=["true"], name="walk"),
+        array=array_parse({"count": 2}),
+    )
+    rows = {  # one row of `tenant` per tenant-owned model a service takes
+        "job": mine,
+        "endpoint": endpoint_create(
+            tenant=tenant, user=owner, spec=EndpointSpec(name="walked", command=["serve"], gpu_milli=500)
+        ),
+        "webhook": webhook,
+        "invoice": invoice,
+        "token": token_create(tenant=tenant, user=member, name="walk").token,
+    }
+    with scopes_disabled():
+        rows["delivery"] = Delivery.objects.get(event=event)
+        rows["membership"] = Membership.objects.get(tenant=tenant, user=member)
     known = {
         "tenant": tenant,
         "tenant_id": tenant.pk,
@@ -208,8 +270,27 @@ def arguments(rules, tenant, other_tenant):
         "limits": limits_for(tenant),
         "multiplier": Decimal(1),
         "max_runtime_s": 3600,
+        "role": Role.VIEWER,
+        **rows,
     }
-    by_function = {"endpoint_admit": {"priority": "serving"}}
+    by_function = {"endpoint_admit": {"priority": "serving"}, "job_array_cancel": {"array": job_array}}
+    # Each call gets the tenant's rows afresh: a service may change its row in memory (a delete clears the pk).
+    owned = tuple(tenant_models().values())
+    stored = {key: (type(value), value.pk) for key, value in known.items() if isinstance(value, owned)} | {
+        f"{function}.{key}": (type(value), value.pk)
+        for function, values in by_function.items()
+        for key, value in values.items()
+        if isinstance(value, owned)
+    }
+
+    def value(function: str, name: str):
+        found = by_function.get(function, {})
+        key = f"{function}.{name}" if name in found else name
+        if key in stored:
+            model, pk = stored[key]
+            return model._base_manager.get(pk=pk)
+        return found[name] if name in found else known[name]
+
     specs = {
         "scheduler": JobSpec(kind="training", gpu_milli=1000, command=["true"], name="walk"),
         "endpoints": EndpointSpec(name="walk", command=["serve"], gpu_milli=500),
@@ -222,10 +303,8 @@ def arguments(rules, tenant, other_tenant):
                 continue
             if name == "spec":
                 kwargs[name] = specs[func.__module__.split(".")[0]]
-            elif name in by_function.get(func.__name__, {}):
-                kwargs[name] = by_function[func.__name__][name]
-            elif name in known:
-                kwargs[name] = known[name]
+            elif name in by_function.get(func.__name__, {}) or name in known:
+                kwargs[name] = value(func.__name__, name)
             elif param.default is inspect.Parameter.empty:
                 pytest.fail(f"the service walk cannot build {func.__module__}.{func.__name__}'s {name!r}: add it")
         return kwargs
@@ -247,6 +326,22 @@ def test_every_service_that_takes_a_tenant_runs_in_its_scope(arguments, localstr
         "accounts.services.tokens.token_create",
         "billing.services.invoices.invoice_close",
         "admission.services.job_admit",
+    } <= set(walked)
+
+
+def test_every_service_that_takes_a_tenants_row_runs_in_its_scope_or_raises(arguments, tenant):
+    walked, problems = row_walk(app_modules("services"), arguments, tenant)
+    assert problems == {}, "\n".join(f"{name}: {problem}" for name, problem in problems.items())
+    assert {
+        "scheduler.services.job_cancel",
+        "scheduler.array_services.job_array_cancel",
+        "endpoints.services.endpoint_update",
+        "webhooks.services.webhook_update",
+        "webhooks.services.delivery_resend",
+        "billing.services.invoices.invoice_void",
+        "accounts.services.members.member_role_change",
+        "accounts.services.tokens.token_revoke",
+        "console.services.job_priority_change",
     } <= set(walked)
 
 
@@ -277,7 +372,9 @@ def test_the_walk_catches_a_service_that_forgot_its_scope_or_turned_scopes_off(a
         "queries outside the tenant's scope: scheduler_job (scopes disabled)"
     )
     assert "tests.admission.broken_services.jobs_count" not in problems
-    assert broken_services.jobs_count(tenant=tenant) == 1  # its scope, not the other tenant's job
+    with scopes_disabled():
+        mine = Job.objects.filter(tenant=tenant).count()
+    assert broken_services.jobs_count(tenant=tenant) == mine  # its scope, not the other tenant's job
 
 
 def test_a_tenant_scope_never_means_every_tenant(rules, tenant, other_tenant):
