@@ -13,6 +13,7 @@ from gpushare.observability.context import log_context_bind
 from . import principal_cache
 from .models import ApiToken, Membership
 from .services import token_hash
+from .tenancy import tenant_scope
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -59,13 +60,13 @@ def token_principal(plaintext: str) -> tuple:
 
 def _last_used_record(token: ApiToken, now) -> None:
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-        with scopes_disabled():
+        with tenant_scope(token):
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
 
 
 def _token_check(digest: str, now) -> tuple:
-    with scopes_disabled():
+    with scopes_disabled():  # the secret names the tenant: found before any tenant is known
         token = ApiToken.objects.select_related("tenant", "user").filter(token_hash=digest).first()
         if token is None:
             raise TokenRejected("Unknown API token.")

@@ -27,10 +27,10 @@ checked separately by ``gpushare.api.TokenScope``. Portal (session) views use
 
 from __future__ import annotations
 
-from django_scopes import scopes_disabled
 from rest_framework import permissions
 
 from .models import Membership, Role
+from .tenancy import tenant_scope
 
 OWNER, ADMIN, MEMBER, VIEWER = Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER
 EVERYONE = frozenset({OWNER, ADMIN, MEMBER, VIEWER})
@@ -85,9 +85,9 @@ def may_act_on(role: str | None, action: str, *, owner_id, user_id) -> bool:
 
 def role_for(*, user, tenant) -> str | None:
     """The user's current role in ``tenant`` (None when not a member)."""
-    if user is None or not getattr(user, "pk", None):
+    if user is None or not getattr(user, "pk", None) or tenant is None:
         return None
-    with scopes_disabled():
+    with tenant_scope(tenant):
         return Membership.objects.filter(tenant=tenant, user=user).values_list("role", flat=True).first()
 
 

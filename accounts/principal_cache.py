@@ -161,5 +161,11 @@ def tokens_bump_where(**filters) -> None:
 
     from .models import ApiToken
 
-    with scopes_disabled():
+    if "tenant_id" in filters:
+        from .tenancy import tenant_scope
+
+        with tenant_scope(filters["tenant_id"]):
+            tokens_bump(ApiToken.objects.filter(**filters).values_list("token_hash", flat=True))
+        return
+    with scopes_disabled():  # a user's tokens in every tenant they belong to
         tokens_bump(ApiToken.objects.filter(**filters).values_list("token_hash", flat=True))

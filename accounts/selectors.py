@@ -1,4 +1,8 @@
-"""Read queries for tenants, members, tokens and the audit log."""
+"""Read queries for tenants, members, tokens and the audit log.
+
+A selector over a tenant's rows takes the tenant and reads through the caller's scope (the API's
+``TenantScopedMixin``, the portal's ``tenant_page``): called outside one it raises ``ScopeError``.
+"""
 
 from __future__ import annotations
 
@@ -28,30 +32,26 @@ def audit_log_all() -> QuerySet[AuditLog]:
 
 
 def members_for(*, tenant: Tenant) -> QuerySet[Membership]:
-    with scopes_disabled():
-        return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+    return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
 
 
 def tokens_for(*, tenant: Tenant, viewer) -> QuerySet[ApiToken]:
     """Admins and owners see every token of the tenant; others their own."""
-    with scopes_disabled():
-        tokens = ApiToken.objects.filter(tenant=tenant).select_related("user").order_by("-created_at")
-        if not role_allows(role_for(user=viewer, tenant=tenant), "tokens.read_all"):
-            tokens = tokens.filter(user=viewer)
-        return tokens
+    tokens = ApiToken.objects.filter(tenant=tenant).select_related("user").order_by("-created_at")
+    if not role_allows(role_for(user=viewer, tenant=tenant), "tokens.read_all"):
+        tokens = tokens.filter(user=viewer)
+    return tokens
 
 
 def invitations_pending(*, tenant: Tenant) -> QuerySet[Invitation]:
     from django.utils import timezone
 
-    with scopes_disabled():
-        return Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, expires_at__gt=timezone.now())
+    return Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, expires_at__gt=timezone.now())
 
 
 def tenants_of(*, user) -> QuerySet[Tenant]:
-    """The tenants ``user`` is a member of."""
-    with scopes_disabled():
-        return Tenant.objects.filter(memberships__user=user).order_by("slug")
+    """The tenants ``user`` is a member of (tenants are not scoped: each is its own)."""
+    return Tenant.objects.filter(memberships__user=user).order_by("slug")
 
 
 # --- limits (the rows; the arithmetic is accounts.limits, the checks admission/) ---------------------
@@ -61,7 +61,6 @@ def _layer(values: dict | None):
     return None if values is None else SimpleNamespace(**values)
 
 
-@scopes_disabled()
 def limits_for(tenant: Tenant) -> Limits:
     """The tenant's quota over its plan over the ``default`` plan over the built-in defaults, in one query."""
     names = list(LIMIT_NAMES)
@@ -88,7 +87,7 @@ def limits_for(tenant: Tenant) -> Limits:
     return limits_merge(*(_layer(layer) for layer in found))
 
 
-@scopes_disabled()
+@scopes_disabled()  # every tenant's limits, for the scheduling pass and the budget beat
 def limits_all() -> dict[int, tuple[str, Limits]]:
     """Every tenant's (state, limits) by id: the platform-wide read of the scheduler and the budget beat."""
     quotas = {q.tenant_id: q for q in TenantQuota.objects.select_related("plan")}

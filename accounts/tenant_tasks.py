@@ -20,8 +20,9 @@ from __future__ import annotations
 import inspect
 
 import celery
-from django.apps import apps
-from django_scopes import scope, scopes_disabled
+from django_scopes import scope
+
+from .tenancy import row_tenant_id
 
 
 class TenantScopeMissing(RuntimeError):
@@ -51,9 +52,7 @@ class TenantTask(celery.Task):
         label, arg = spec
         if kwargs.get(arg) is None:
             raise TenantScopeMissing(f"{self.name} acts for a tenant: call it with {arg}=")
-        model = apps.get_model(label)
-        with scopes_disabled():  # the one lookup that finds the scope to enter
-            return model.objects.filter(pk=kwargs[arg]).values_list("tenant_id", flat=True).first()
+        return row_tenant_id(label, kwargs[arg])
 
     def __call__(self, *args, **kwargs):
         tenant_id = self.tenant_id_for(args, kwargs)

@@ -4,8 +4,8 @@ Month usage is the sum of ``billing.UsageWindow`` (``gpu_ms``, ``amount``) whose
 in the current calendar month (UTC), read through the ``accounts.TenantMonthUsage`` running
 totals (``services.month_usage_advance``) plus a live sum of the windows after them.
 
-Every function takes the tenant (or reads all tenants, said in its name) and reads with scopes
-disabled because it filters by that tenant itself or acts for the platform.
+Every function takes the tenant and reads in its scope (``accounts.tenancy``), or reads all tenants
+(said in its name, with scopes disabled and a comment saying why).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from accounts.limits import (
 )
 from accounts.models import Tenant, TenantMonthUsage
 from accounts.selectors import limits_all, limits_for
+from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
 from scheduler.admission import TenantCaps
@@ -61,8 +62,12 @@ def usage_add(a: MonthUsage | None, b: MonthUsage | None) -> MonthUsage:
     return MonthUsage(gpu_ms=a.gpu_ms + b.gpu_ms, spend=a.spend + b.spend)
 
 
-@scopes_disabled()
+@scopes_disabled()  # platform-wide: the beat and the scheduler's caps read every budgeted tenant
 def month_usages(tenant_ids=None, *, now: datetime | None = None) -> dict[int, MonthUsage]:
+    return _month_usages(tenant_ids, now=now)
+
+
+def _month_usages(tenant_ids=None, *, now: datetime | None = None) -> dict[int, MonthUsage]:
     """This month's usage per tenant id (all tenants when ``tenant_ids`` is None).
 
     Exact and cheap: the ``TenantMonthUsage`` totals up to their window id, plus a live
@@ -91,8 +96,9 @@ def month_usages(tenant_ids=None, *, now: datetime | None = None) -> dict[int, M
     return out
 
 
+@acts_for_tenant
 def month_usage(tenant: Tenant, *, now: datetime | None = None) -> MonthUsage:
-    return month_usages([tenant.pk], now=now).get(tenant.pk, MonthUsage())
+    return _month_usages([tenant.pk], now=now).get(tenant.pk, MonthUsage())
 
 
 # --- money holds --------------------------------------------------------------------------------------
@@ -138,7 +144,7 @@ def endpoint_hold(prices, *, gpu_milli: int, gpu_model: str, max_replicas: int, 
     )
 
 
-@scopes_disabled()
+@acts_for_tenant
 def holds_open(tenant: Tenant, *, exclude_endpoint_id: int | None = None, prices=None) -> Decimal:
     """What the tenant's unfinished jobs and live endpoints reserve now.
 
@@ -200,7 +206,7 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 # --- counts -------------------------------------------------------------------------------------------
 
 
-@scopes_disabled()
+@acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
     """(unfinished jobs, queued jobs) of the tenant, replicas included."""
     from django.db.models import Count, Q
@@ -213,7 +219,7 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
     return row["open"], row["queued"]
 
 
-@scopes_disabled()
+@acts_for_tenant
 def endpoint_count(tenant: Tenant, *, exclude_id: int | None = None) -> int:
     rows = Endpoint.objects.filter(tenant_id=tenant.pk, state=Endpoint.State.ACTIVE)
     return (rows.exclude(pk=exclude_id) if exclude_id is not None else rows).count()

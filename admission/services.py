@@ -9,7 +9,7 @@ tenant's submits run side by side: at most ``in_flight_bound()`` transactions ca
 once (the database's connection limit), so if the committed count leaves that much room, no
 interleaving can pass the limit. Other tenants are never delayed.
 
-Services that act across tenants (the budget beat) say so; the rest filter by the tenant they take.
+Services that act across tenants (the budget beat) say so; the rest run in the scope of the tenant they take.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from accounts.models import AuditLog, RunningJobsPolicy, Tenant, TenantMonthUsag
 from accounts.selectors import limits_for
 from accounts.services import audit_record
 from accounts.services.tenants import running_jobs_stop
+from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
 from scheduler.admission import JobAsk
@@ -123,7 +124,7 @@ def _needs_exact(tenant: Tenant, limits, ask: JobAsk) -> bool:
     return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
 
 
-@scopes_disabled()  # reads only this tenant's rows (filtered by tenant id below)
+@acts_for_tenant
 def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     """Refuse ``ask.count`` jobs the tenant's limits or money budget forbid (raises ``JobError``).
 
@@ -158,7 +159,7 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     _raise(hold_refusal(budget, hold=hold, what=what))
 
 
-@scopes_disabled()  # reads only this tenant's rows
+@acts_for_tenant
 def endpoint_admit(
     *, tenant: Tenant, endpoint_id: int | None, gpu_milli: int, gpu_model: str, priority: str, max_replicas: int
 ) -> None:
@@ -265,6 +266,7 @@ def budgets_enforce(*, now=None) -> dict:
     return result
 
 
+@acts_for_tenant
 @transaction.atomic
 def _budget_enforce_one(*, tenant: Tenant, usage: MonthUsage, now=None) -> tuple[int, int]:
     from django.core.mail import send_mail

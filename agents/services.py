@@ -315,7 +315,7 @@ def _node_state_set(node: Node, *, to: str, actor, action: str, reason: str) -> 
 
 
 def _active_jobs(node: Node) -> int:
-    with scopes_disabled():
+    with scopes_disabled():  # a node's jobs, of every tenant
         return Job.objects.filter(node=node, state__in=ACTIVE_STATES).count()
 
 

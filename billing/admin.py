@@ -30,7 +30,7 @@ class InvoiceLineInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             return super().get_queryset(request)
 
 
@@ -90,16 +90,16 @@ class TenantDiscountAdmin(admin.ModelAdmin):
     list_display = ["tenant", "percent", "effective_from", "effective_until", "note"]
 
     def get_queryset(self, request):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             return super().get_queryset(request)
 
     def changelist_view(self, request, extra_context=None):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             response = super().changelist_view(request, extra_context)
             return response.render() if hasattr(response, "render") else response
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             response = super().changeform_view(request, object_id, form_url, extra_context)
             return response.render() if hasattr(response, "render") else response
 

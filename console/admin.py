@@ -17,6 +17,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import AuditLog, Plan, Tenant, TenantQuota
 from accounts.services import AccountsError, quota_set, tenant_reinstate, tenant_suspend
+from accounts.tenancy import tenant_scope
 from agents.models import Gpu, Node
 from billing.models import Price
 from gpushare.admin import ReadOnlyAdminMixin, UnscopedAdminMixin
@@ -166,7 +167,7 @@ class TenantAdmin(UnscopedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="plan")
     def plan_name(self, obj):
-        with scopes_disabled():
+        with tenant_scope(obj):
             quota = TenantQuota.objects.filter(tenant=obj).select_related("plan").first()
         return quota.plan.name if quota and quota.plan else "default"
 
@@ -195,7 +196,7 @@ class TenantAdmin(UnscopedAdminMixin, admin.ModelAdmin):
                 messages.error(request, f"Quota not saved: {exc}")
 
     def response_action(self, request, queryset):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             return super().response_action(request, queryset)
 
     @admin.action(description="Suspend the selected tenants (no new jobs; running jobs per their quota setting)")

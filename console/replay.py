@@ -51,7 +51,7 @@ def history_between(*, start: datetime, end: datetime) -> list[whatif.HistoryJob
     return history
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's what-if: every tenant's reservations
 def fleet_now() -> list[placement.NodeSlot]:
     """The fleet as it is now (schedulable nodes, healthy GPUs, reservations), with nothing held."""
     nodes: dict[str, placement.NodeSlot] = {}
@@ -88,7 +88,7 @@ def ruleset_current() -> RuleSet:
     return RuleSet(classes=classes, weights=weights_current(), half_life_s=half_life_current_s())
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's what-if: every tenant's weight
 def weights_current() -> dict[str, Decimal]:
     """Tenant slug -> fair-share weight, for tenants that have one set (the rest weigh 1)."""
     return dict(TenantShare.objects.values_list("tenant__slug", "weight"))
@@ -124,7 +124,7 @@ def whatif_rules(rules: RuleSet) -> whatif.Rules:
     )
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's what-if: every tenant's caps
 def limits_now() -> dict[str, placement.Limits]:
     """Tenants' concurrent caps as they are now (accounts.selectors.limits_for: quota over plan), by slug.
     A suspension or an exhausted budget is not replayed: it depends on that time, not on the rules."""

@@ -82,7 +82,7 @@ class NodeRow:
         return sum(c.used_milli for c in self.gpus)
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's console: every tenant's holds
 def fleet_grid() -> list[NodeRow]:
     """Every node and GPU with who holds what, in three queries."""
     gpus = list(Gpu.objects.select_related("node").order_by("node__name", "index"))
@@ -162,7 +162,7 @@ class QueueRow:
         return (timezone.now() - self.job.submitted_at).total_seconds()
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's console: every tenant's queue
 def queue_rows(*, limit: int = 500) -> list[QueueRow]:
     """The queued jobs in the order the scheduler considers them (class rank, then submit time).
 
@@ -177,7 +177,7 @@ def queue_rows(*, limit: int = 500) -> list[QueueRow]:
     return [QueueRow(position=i, job=job) for i, job in enumerate(queued, start=1)]
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's console: any tenant's job
 def job_for_console(*, job_id: int) -> Job | None:
     return Job.objects.select_related("tenant", "priority", "node").filter(pk=job_id).first()
 
@@ -199,7 +199,7 @@ def rule_changes_recent(*, limit: int = 20) -> list[AuditLog]:
 # --- history for the what-if replay ----------------------------------------
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's what-if: every tenant's submissions
 def submissions_between(*, start: datetime, end: datetime) -> list[Job]:
     """Jobs submitted in [start, end), with what the replay needs."""
     return list(
@@ -223,12 +223,11 @@ def submissions_between(*, start: datetime, end: datetime) -> list[Job]:
     )
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's what-if: every tenant's submissions
 def submissions_count(*, start: datetime, end: datetime) -> int:
     return Job.objects.filter(submitted_at__gte=start, submitted_at__lt=end).count()
 
 
-@scopes_disabled()
 def tenant_slugs() -> list[str]:
     from accounts.models import Tenant
 
@@ -280,7 +279,7 @@ class Report:
     problems: list[str]
 
 
-@scopes_disabled()
+@scopes_disabled()  # the operator's report: every tenant's usage
 def usage_report(*, month: date, now: datetime) -> Report:
     """Utilisation, idle and out-of-service capacity and revenue per GPU model and node for a month
     (up to now if current), from the billing ledger (every GPU-second: held + idle + out of service);

@@ -11,10 +11,10 @@ from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
-from django_scopes import scopes_disabled
 
 from accounts.models import Plan, Tenant
 from accounts.services import audit_record
+from accounts.tenancy import acts_for_tenant, tenant_scope
 from agents import services as agent_services
 from agents.models import Node
 from billing.models import Price
@@ -75,7 +75,7 @@ def _job_snapshot(job: Job) -> dict:
 @transaction.atomic
 def job_cancel(*, job: Job, actor, reason: str = "") -> Job:
     """Cancel a job for the operator (scheduler.services.job_cancel), audited."""
-    with scopes_disabled():
+    with tenant_scope(job):
         job = Job.objects.select_related("priority", "tenant").get(pk=job.pk)
         if job.state in TERMINAL_STATES:
             raise ConsoleError(f"job {job.pk} is already {job.state}: only a job not yet finished can be cancelled")
@@ -96,7 +96,7 @@ def job_cancel(*, job: Job, actor, reason: str = "") -> Job:
 @transaction.atomic
 def job_priority_change(*, job: Job, priority: PriorityClass, actor) -> Job:
     """Move a queued job to another priority class; the next pass orders it by its new rank."""
-    with scopes_disabled():
+    with tenant_scope(job):
         job = Job.objects.select_for_update().select_related("priority", "tenant").get(pk=job.pk)
         if job.state != JobState.QUEUED:
             raise ConsoleError(f"job {job.pk} is {job.state}: only a queued job can change class")
@@ -246,7 +246,7 @@ def _plain(value):
     return value if value is None or isinstance(value, bool | int | str) else str(value)
 
 
-@scopes_disabled()
+@acts_for_tenant
 @transaction.atomic
 def tenant_profile_update(*, tenant: Tenant, actor, changes: dict) -> Tenant:
     """The operator edits a tenant's name or billing email (state changes go through suspend/reinstate)."""

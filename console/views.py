@@ -15,7 +15,6 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
-from django_scopes import scopes_disabled
 
 from agents import services as agent_services
 from agents.models import Gpu, Node
@@ -118,8 +117,7 @@ def job_cancel(request, pk: int):
 @require_POST
 def job_reclass(request, pk: int):
     job = _job_or_404(pk)
-    with scopes_disabled():
-        target = PriorityClass.objects.filter(name=request.POST.get("priority", "")).first()
+    target = PriorityClass.objects.filter(name=request.POST.get("priority", "")).first()
     if target is None:
         messages.error(request, "Choose an existing priority class.")
         return redirect("console:queue")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import sys
 
-from django_scopes import scopes_disabled
+from accounts.tenancy import acts_for_tenant
 
 from .models import Endpoint
 from .services import EndpointSpec, endpoint_create
@@ -40,7 +40,7 @@ ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), Echo).serve_forever()
 """
 
 
-@scopes_disabled()
+@acts_for_tenant
 def demo_endpoint_ensure(*, tenant, user=None) -> Endpoint:
     """The tenant's ``echo`` endpoint (min 0, max 1, a 1/8 slice); created once, kept as it is after."""
     found = Endpoint.objects.filter(tenant=tenant, name=DEMO_NAME, state=Endpoint.State.ACTIVE).first()

@@ -55,7 +55,7 @@ def node_address(node_name: str, reported: str = "") -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
-@scopes_disabled()
+@scopes_disabled()  # the gateway routes every tenant's endpoints
 def routing_table() -> dict[tuple[str, str], EndpointRoute]:
     """(tenant slug, endpoint name) -> the endpoint and its running replicas."""
     routes: dict[int, list[Route]] = {}

@@ -17,6 +17,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.services import audit_record
+from accounts.tenancy import acts_for_tenant, tenant_scope
 from scheduler import services as scheduler_services
 from scheduler.models import TERMINAL_STATES, JobKind, JobState
 from webhooks import emit as webhook_emit
@@ -80,7 +81,7 @@ def endpoint_create(*, tenant: Tenant, user, spec: EndpointSpec) -> Endpoint:
     values = {k: getattr(spec, k) for k in EndpointSpec.__dataclass_fields__}
     _validate(values)
     endpoint_admit(tenant=tenant, endpoint_id=None, **_admission_values(values))
-    with scopes_disabled():
+    with tenant_scope(tenant):
         if Endpoint.objects.filter(tenant=tenant, name=spec.name, state=Endpoint.State.ACTIVE).exists():
             raise EndpointError(f"an endpoint named {spec.name!r} already exists", code="conflict", field="name")
         endpoint = Endpoint.objects.create(
@@ -102,7 +103,7 @@ def _snapshot(endpoint: Endpoint) -> dict:
 @transaction.atomic
 def endpoint_update(*, endpoint: Endpoint, user, changes: dict) -> Endpoint:
     """Change an endpoint; a change of what replicas run is a rolling update (new version)."""
-    with scopes_disabled():
+    with tenant_scope(endpoint):
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         before = _snapshot(endpoint)
         values = {**before, **changes}
@@ -128,7 +129,7 @@ def endpoint_update(*, endpoint: Endpoint, user, changes: dict) -> Endpoint:
 
 @transaction.atomic
 def endpoint_delete(*, endpoint: Endpoint, user) -> Endpoint:
-    with scopes_disabled():
+    with tenant_scope(endpoint):
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         endpoint.state = Endpoint.State.DELETED
         endpoint.save(update_fields=["state", "updated_at"])
@@ -144,7 +145,8 @@ def _autoscale_soon(endpoint_id: int) -> None:
 
 
 def _port_pick() -> int:
-    used = set(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("port", flat=True))
+    with scopes_disabled():  # the ports are shared by every tenant's replicas
+        used = set(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("port", flat=True))
     free = [p for p in range(*PORT_RANGE) if p not in used]
     if not free:
         raise EndpointError("no free replica port", code="conflict")
@@ -188,7 +190,7 @@ class AutoscaleResult:
     stopped: int = 0
 
 
-@scopes_disabled()
+@acts_for_tenant(("endpoints.Endpoint", "endpoint_id"))
 def endpoint_autoscale(*, endpoint_id: int) -> AutoscaleResult:
     """Bring one endpoint's replicas in line with its load and version."""
     try:
@@ -280,7 +282,7 @@ def _autoscale(endpoint_id: int) -> AutoscaleResult:
 def endpoint_autoscale_all() -> int:
     """One autoscaling pass over active endpoints and deleted ones with replicas left; returns how
     many replicas it started, drained or stopped (0 when nothing changed: the pass's log line stays quiet)."""
-    with scopes_disabled():
+    with scopes_disabled():  # the beat: every tenant's endpoints (each is then scaled in its own scope)
         ids = set(Endpoint.objects.filter(state=Endpoint.State.ACTIVE).values_list("pk", flat=True))
         ids |= set(Replica.objects.exclude(state=Replica.State.STOPPED).values_list("endpoint_id", flat=True))
     changed = 0
@@ -290,7 +292,7 @@ def endpoint_autoscale_all() -> int:
     return changed
 
 
-@scopes_disabled()
+@acts_for_tenant(("endpoints.Replica", "replica_id"))
 @transaction.atomic
 def replica_ready_set(*, replica_id: int, ready: bool) -> None:
     """The gateway's health check answered (or stopped answering)."""
@@ -306,7 +308,7 @@ def replica_ready_set(*, replica_id: int, ready: bool) -> None:
         replica.save(update_fields=["state"])
 
 
-@scopes_disabled()
+@acts_for_tenant(("endpoints.Endpoint", "endpoint_id"))
 @transaction.atomic
 def endpoint_load_record(*, endpoint_id: int, stats: dict) -> None:
     """The gateway's view of an endpoint's traffic, once a second (an endpoint gone meanwhile is skipped)."""
@@ -359,7 +361,7 @@ def _minutes_record(tenant_id: int, endpoint_id: int, minutes: list[dict]) -> No
     )
 
 
-@scopes_disabled()
+@scopes_disabled()  # the beat: every tenant's old traffic minutes
 def endpoint_minutes_prune(*, keep_days: int = 30) -> int:
     """Forget traffic history older than ``keep_days`` (the bill keeps its own records)."""
     cutoff = timezone.now() - timedelta(days=keep_days)

@@ -9,14 +9,14 @@ class UnscopedAdminMixin:
     """Platform-wide pages over tenant-owned rows: query, run and render each view with scopes disabled."""
 
     def _unscoped(self, view, *args, **kwargs):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             response = view(*args, **kwargs)
             if hasattr(response, "render") and not getattr(response, "is_rendered", True):
                 response.render()
         return response
 
     def get_queryset(self, request):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             return super().get_queryset(request)
 
     def changelist_view(self, request, extra_context=None):
@@ -29,7 +29,7 @@ class UnscopedAdminMixin:
         return self._unscoped(super().history_view, request, object_id, extra_context)
 
     def response_action(self, request, queryset):
-        with scopes_disabled():
+        with scopes_disabled():  # the operator's admin: every tenant's rows
             return super().response_action(request, queryset)
 
 

@@ -45,7 +45,7 @@ class PortalContext:
 
 
 def memberships_of(user) -> list[Membership]:
-    with scopes_disabled():
+    with scopes_disabled():  # the signed-in user's memberships in every tenant: how the portal picks one
         return list(
             Membership.objects.filter(user=user, tenant__state__in=[Tenant.State.ACTIVE, Tenant.State.SUSPENDED])
             .select_related("tenant")

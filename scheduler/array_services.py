@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
+from accounts.tenancy import acts_for_tenant, tenant_scope
 
 from .arrays import ArraySpec
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
@@ -32,7 +32,7 @@ def job_array_submit(
     whole array at admission (all its tasks are admitted, or none). One scheduling pass is asked for."""
     mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count)
     key, digest = idempotency
-    with scopes_disabled():
+    with tenant_scope(tenant):
         job_array = JobArray.objects.create(
             tenant=tenant,
             submitted_by=user if getattr(user, "pk", None) else None,
@@ -116,12 +116,12 @@ def job_array_submit_idempotent(
     digest = hashlib.sha256(f"{request_hash(spec)}:{array.expression}".encode()).hexdigest()
 
     def existing() -> JobArray | None:
-        with scopes_disabled():
+        with tenant_scope(tenant):
             found = JobArray.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+            if found is not None and found.submitted_at < timezone.now() - KEY_TTL:
+                JobArray.objects.filter(pk=found.pk).update(idempotency_key="")
+                return None
         if found is None:
-            return None
-        if found.submitted_at < timezone.now() - KEY_TTL:
-            JobArray.objects.filter(pk=found.pk).update(idempotency_key="")
             return None
         if found.request_hash != digest:
             raise JobError(
@@ -147,7 +147,7 @@ def job_array_submit_idempotent(
         return ArraySubmitted(found, False)
 
 
-@scopes_disabled()
+@acts_for_tenant("array")
 @transaction.atomic
 def job_array_cancel(*, array: JobArray, actor=None, reason: str = "") -> int:
     """Cancel every unfinished task: queued ones at once (in bulk), placed or running ones

@@ -8,10 +8,10 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 
 from django.db import transaction
-from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.services import audit_record
+from accounts.tenancy import tenant_scope
 
 from .models import JobKind, PriorityClass, SchedulerSettings, TenantShare
 from .passes import settings_get
@@ -217,7 +217,7 @@ def tenant_weight_set(*, actor, tenant: Tenant, weight) -> TenantShare:
     if not value.is_finite() or value < Decimal("0.001") or value > MAX_WEIGHT:
         raise RuleError(f"weight must be from 0.001 to {MAX_WEIGHT}", field="weight")
     value = value.quantize(Decimal("0.001"))
-    with scopes_disabled():
+    with tenant_scope(tenant):
         share, _ = TenantShare.objects.select_for_update().get_or_create(tenant=tenant)
         before = str(share.weight)
         share.weight = value

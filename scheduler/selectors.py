@@ -33,7 +33,7 @@ def queue_position(job: Job) -> int | None:
         return None
     from django_scopes import scopes_disabled
 
-    with scopes_disabled():
+    with scopes_disabled():  # the place counts every tenant's queued jobs (only a number leaves)
         ahead = Job.objects.filter(state=JobState.QUEUED, priority__rank__gt=job.priority.rank).count()
         ahead += Job.objects.filter(
             state=JobState.QUEUED, priority__rank=job.priority.rank, submitted_at__lt=job.submitted_at
@@ -134,7 +134,7 @@ def tenant_weights() -> dict[int, object]:
 
     from .models import TenantShare
 
-    with scopes_disabled():
+    with scopes_disabled():  # every tenant's weight, for the scheduling pass
         return dict(TenantShare.objects.values_list("tenant_id", "weight"))
 
 
@@ -153,5 +153,5 @@ def recent_shapes(*, limit: int = RECENT_JOBS) -> list[tuple]:
     recent mix of request shapes the placement core keeps free capacity for."""
     from django_scopes import scopes_disabled
 
-    with scopes_disabled():
+    with scopes_disabled():  # every tenant's recent shapes, for the scheduling pass
         return list(Job.objects.order_by("-id").values_list("mode", "gpu_milli", "gpu_model", "gpu_memory_mb")[:limit])

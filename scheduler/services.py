@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
+from accounts.tenancy import acts_for_tenant, tenant_scope
 from agents.agent.imageref import image_check
 from agents.models import Node
 from webhooks import emit as webhook_emit
@@ -172,7 +173,7 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, 
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
     mode, priority = job_checked(tenant=tenant, spec=spec)
-    with scopes_disabled():
+    with tenant_scope(tenant):
         job = Job.objects.create(
             tenant=tenant,
             submitted_by=user if getattr(user, "pk", None) else None,
@@ -219,7 +220,7 @@ def _job_for_node(node: Node, job_id: int, attempt: int | None) -> Job | None:
     return job
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's report: the job is found by id and checked against the node
 @transaction.atomic
 def job_started(*, node: Node, job_id: int, attempt: int | None, at_ms: int) -> None:
     job = _job_for_node(node, job_id, attempt)
@@ -241,7 +242,7 @@ def allocations_release(job: Job, *, at=None) -> None:
     Allocation.objects.filter(job=job, released_at__isnull=True).update(released_at=at or timezone.now())
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's report: the job is found by id and checked against the node
 @transaction.atomic
 def job_exited(
     *,
@@ -296,7 +297,7 @@ def job_requeue(job: Job, *, detail: str) -> None:
     )
 
 
-@scopes_disabled()
+@acts_for_tenant("job")
 @transaction.atomic
 def job_cancel(*, job: Job, actor=None, reason: str = "") -> Job:
     """Cancel a queued job now; ask the agent to stop a placed one."""
@@ -319,7 +320,7 @@ def job_cancel(*, job: Job, actor=None, reason: str = "") -> Job:
     return job
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's report: the job is found by id and checked against the node
 @transaction.atomic
 def job_logs_append(*, node: Node, job_id: int, offset: int, data: bytes) -> None:
     job = Job.objects.filter(pk=job_id, node=node).only("pk", "tenant_id").first()
@@ -364,7 +365,7 @@ def job_logs_rotate(*, job_id: int, limit: int | None) -> int:
     return dropped
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's jobs, of every tenant
 @transaction.atomic
 def node_jobs_lost(*, node: Node, reason: str) -> int:
     """Mark every job placed on ``node`` lost, free its GPUs, requeue or fail per policy."""
@@ -383,7 +384,7 @@ def node_jobs_lost(*, node: Node, reason: str) -> int:
     return count
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's jobs, of every tenant
 @transaction.atomic
 def node_reconcile(*, node: Node, running: list[dict]) -> None:
     """After an agent (re)starts: jobs it no longer runs are lost; jobs it runs
@@ -411,7 +412,7 @@ def node_reconcile(*, node: Node, running: list[dict]) -> None:
 def tenant_running_jobs_stop(*, tenant: Tenant, reason: str) -> int:
     """Ask the agents to stop every running job of ``tenant`` (suspension, exhausted budget); the count."""
     stopped = 0
-    with scopes_disabled():  # filtered by the tenant it takes
+    with tenant_scope(tenant):
         jobs = list(Job.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).exclude(stop_requested="cancel"))
     for job in jobs:
         job_cancel(job=job, actor=None, reason=reason)

@@ -261,6 +261,42 @@ def beat(platform, tmp_path):
     _stop(proc)
 
 
+# --- localstripe ------------------------------------------------------------------
+
+
+@pytest.fixture
+def localstripe(settings, tmp_path):
+    """A localstripe process on a free port; settings point the gateway at it."""
+    port = free_port()
+    log = open(tmp_path / "localstripe.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localstripe", "--port", str(port), "--from-scratch"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return requests.get(f"{base}/v1/customers", auth=("sk_test_local", ""), timeout=1).status_code == 200
+        except requests.ConnectionError:
+            return proc.poll() is not None
+
+    wait_for(up, timeout=60, what="localstripe to listen")
+    assert proc.poll() is None, (tmp_path / "localstripe.log").read_text()
+    settings.STRIPE_API_BASE = base
+    settings.STRIPE_API_KEY = "sk_test_local"
+    settings.STRIPE_LOCALSTRIPE = True
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 def nft_tables() -> str:
     """The host's nftables tables ("" when not root or without nft: an agent there runs single-tenant)."""
     import shutil

@@ -22,6 +22,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from accounts.services import audit_record
+from accounts.tenancy import acts_for_tenant
 
 from . import events, ssrf
 from .models import Delivery, DeliveryAttempt, Webhook, WebhookEvent
@@ -68,7 +69,7 @@ def _events_check(patterns) -> list[str]:
     return list(dict.fromkeys(patterns))
 
 
-@scopes_disabled()
+@acts_for_tenant
 @transaction.atomic
 def webhook_create(*, tenant, user, url: str, event_types: list[str], description: str = "") -> Webhook:
     if Webhook.objects.filter(tenant=tenant).count() >= MAX_WEBHOOKS_PER_TENANT:
@@ -87,7 +88,7 @@ def webhook_create(*, tenant, user, url: str, event_types: list[str], descriptio
     return webhook
 
 
-@scopes_disabled()
+@acts_for_tenant("webhook")
 @transaction.atomic
 def webhook_update(*, webhook: Webhook, user, url=None, event_types=None, description=None, active=None) -> Webhook:
     before = {"url": webhook.url, "events": webhook.events, "active": webhook.active}
@@ -107,7 +108,7 @@ def webhook_update(*, webhook: Webhook, user, url=None, event_types=None, descri
     return webhook
 
 
-@scopes_disabled()
+@acts_for_tenant("webhook")
 @transaction.atomic
 def webhook_secret_rotate(*, webhook: Webhook, user) -> Webhook:
     webhook.secret = events.secret_new()
@@ -116,7 +117,7 @@ def webhook_secret_rotate(*, webhook: Webhook, user) -> Webhook:
     return webhook
 
 
-@scopes_disabled()
+@acts_for_tenant("webhook")
 @transaction.atomic
 def webhook_delete(*, webhook: Webhook, user) -> None:
     audit_record(actor=user, tenant=webhook.tenant, action="webhook.delete", target=webhook.url)
@@ -133,7 +134,7 @@ def _send_soon(delivery_ids: list[int]) -> None:
         delivery_send_task.delay(delivery_id=delivery_id)
 
 
-@scopes_disabled()
+@acts_for_tenant("tenant_id")
 def event_emit(*, tenant_id: int, type: str, data: dict, dedupe_key: str | None = None) -> WebhookEvent | None:
     """Record ``type`` for the tenant's webhooks that subscribe to it, in the caller's transaction,
     and send after commit. One indexed query when none does; ``dedupe_key``: at most once."""
@@ -159,7 +160,7 @@ def event_emit(*, tenant_id: int, type: str, data: dict, dedupe_key: str | None 
     return event
 
 
-@scopes_disabled()
+@acts_for_tenant("webhook")
 @transaction.atomic
 def webhook_ping(*, webhook: Webhook, user) -> Delivery:
     """A test delivery (event ``ping``) to this webhook only."""
@@ -173,7 +174,7 @@ def webhook_ping(*, webhook: Webhook, user) -> Delivery:
     return delivery
 
 
-@scopes_disabled()
+@acts_for_tenant("delivery")
 @transaction.atomic
 def delivery_resend(*, delivery: Delivery, user) -> Delivery:
     """Send a delivery again (a new round of tries), whatever became of it."""
@@ -228,7 +229,7 @@ def _headers(delivery: Delivery, body: bytes) -> dict[str, str]:
     }
 
 
-@scopes_disabled()
+@acts_for_tenant(("webhooks.Delivery", "delivery_id"))
 def delivery_send(*, delivery_id: int) -> SendResult:
     """One try of a delivery (safe to run twice: a delivery not due, or held by another worker, is left).
     The HTTP request runs outside any transaction; its outcome is recorded in a short one."""
@@ -292,7 +293,7 @@ def _record(delivery: Delivery, *, status, error: str, address: str, excerpt: st
     return SendResult(sent=True, state=delivery.state, status=status, error=error)
 
 
-@scopes_disabled()
+@scopes_disabled()  # the beat: every tenant's due deliveries
 def deliveries_due(*, limit: int = 500) -> list[int]:
     """Pending deliveries whose next try is due and that no worker holds (the beat task sends them:
     retries, and sends whose after-commit enqueue was lost)."""

@@ -13,6 +13,7 @@ from django_scopes import scopes_disabled
 
 from ..models import ApiToken, Invitation, Membership, Role, Tenant
 from ..permissions import RANK
+from ..tenancy import tenant_scope
 from .common import INVITE_VALID_DAYS, AccountsError, _require, audit_record, token_hash
 
 
@@ -45,7 +46,7 @@ def member_invite(
     if any_address and actor_role != Role.OWNER:
         raise AccountsError("only an owner may let an invitation be accepted by another address", code="forbidden")
     email = get_user_model().objects.normalize_email(email).strip().lower()
-    with scopes_disabled():
+    with tenant_scope(tenant):
         if Membership.objects.filter(tenant=tenant, user__username__iexact=email).exists():
             raise AccountsError(f"{email} is already a member of {tenant.slug}", code="conflict")
         plaintext = secrets.token_urlsafe(32)
@@ -91,7 +92,7 @@ def invite_link(plaintext: str, *, accept_url: str = "") -> str:
 
 def invitation_find(plaintext: str) -> Invitation | None:
     """The pending, unexpired invitation for this secret (None otherwise)."""
-    with scopes_disabled():
+    with scopes_disabled():  # the secret names the tenant: found before any tenant is known
         return (
             Invitation.objects.select_related("tenant")
             .filter(token_hash=token_hash(plaintext), accepted_at__isnull=True, expires_at__gt=timezone.now())
@@ -102,7 +103,7 @@ def invitation_find(plaintext: str) -> Invitation | None:
 @transaction.atomic
 def invite_accept(*, plaintext: str, user=None, password: str | None = None) -> Membership:
     """Use an invitation once: ``user`` (logged in) or a new user named by the invited email joins."""
-    with scopes_disabled():
+    with scopes_disabled():  # the secret names the tenant: found before any tenant is known
         invitation = (
             Invitation.objects.select_for_update()
             .select_related("tenant")
@@ -162,7 +163,7 @@ def member_role_change(*, membership: Membership, actor, role: str) -> Membershi
     actor_role = _require(actor=actor, tenant=tenant, action="members.manage")
     if role not in Role.values:
         raise AccountsError(f"unknown role {role!r}; allowed: {', '.join(Role.values)}")
-    with scopes_disabled():
+    with tenant_scope(tenant):
         membership = Membership.objects.select_related("user").get(pk=membership.pk)
         _owner_guard(actor_role=actor_role, role=role)
         _owner_guard(actor_role=actor_role, role=membership.role)
@@ -186,7 +187,7 @@ def member_role_change(*, membership: Membership, actor, role: str) -> Membershi
 def member_remove(*, membership: Membership, actor) -> None:
     """Remove a member (or leave, when actor is the member); their tokens stop working with the membership."""
     tenant = Tenant.objects.select_for_update(no_key=True).get(pk=membership.tenant_id)
-    with scopes_disabled():
+    with tenant_scope(tenant):
         membership = Membership.objects.select_related("user").get(pk=membership.pk)
         if actor is None or actor.pk != membership.user_id:
             actor_role = _require(actor=actor, tenant=tenant, action="members.manage")

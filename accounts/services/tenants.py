@@ -10,12 +10,12 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django_scopes import scopes_disabled
 
 from gpushare.ports import Port
 
 from ..models import Membership, Role, RunningJobsPolicy, Tenant, TenantQuota
 from ..selectors import limits_for
+from ..tenancy import tenant_scope
 from .common import AccountsError, audit_record
 
 running_jobs_stop = Port(
@@ -37,7 +37,7 @@ def tenant_create(*, slug: str, name: str = "", owner_email: str, owner_password
         else:
             user.set_unusable_password()
         user.save()
-    with scopes_disabled():
+    with tenant_scope(tenant):
         Membership.objects.create(tenant=tenant, user=user, role=Role.OWNER)
     audit_record(actor=user, tenant=tenant, action="tenant.create", target=slug, after={"owner": owner_email})
     return tenant
@@ -49,7 +49,7 @@ def signup_create(*, organisation: str, slug: str, email: str, password: str):
     account (an email or slug taken meanwhile raises IntegrityError and nothing is written)."""
     user = get_user_model().objects.create_user(username=email, email=email, password=password)
     tenant = Tenant.objects.create(slug=slug, name=organisation or slug, billing_email=email)
-    with scopes_disabled():
+    with tenant_scope(tenant):
         Membership.objects.create(tenant=tenant, user=user, role=Role.OWNER)
     audit_record(
         actor=user, tenant=tenant, action="tenant.create", target=slug, after={"owner": email, "via": "signup"}
@@ -95,7 +95,7 @@ def quota_set(*, tenant: Tenant, actor, plan=..., **limits) -> TenantQuota:
     if limits.get("budget_alert_percent") is not None and not 1 <= limits["budget_alert_percent"] <= 100:
         raise AccountsError("budget_alert_percent is between 1 and 100")
     Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
-    with scopes_disabled():
+    with tenant_scope(tenant):
         quota, _ = TenantQuota.objects.select_for_update().get_or_create(tenant=tenant)
         before = _quota_snapshot(quota)
         for name, value in limits.items():
@@ -120,7 +120,7 @@ def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
     The tenant can still sign in, read its data and pay."""
     if not reason.strip():
         raise AccountsError("a suspension needs a reason")
-    with scopes_disabled():
+    with tenant_scope(tenant):
         tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         if tenant.state == Tenant.State.SUSPENDED:
             return tenant
@@ -143,7 +143,7 @@ def tenant_suspend(*, tenant: Tenant, actor, reason: str) -> Tenant:
 
 @transaction.atomic
 def tenant_reinstate(*, tenant: Tenant, actor, reason: str = "") -> Tenant:
-    with scopes_disabled():
+    with tenant_scope(tenant):
         tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
         if tenant.state == Tenant.State.ACTIVE:
             return tenant

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
-from django_scopes import scopes_disabled
 
 from ..models import ApiToken, Membership, Tenant
 from ..permissions import may_act_on, role_for
+from ..tenancy import acts_for_tenant, tenant_scope
 from .common import ALL_SCOPES, DEFAULT_SCOPES, TOKEN_PREFIX, AccountsError, audit_record, token_hash
 
 
@@ -35,7 +35,7 @@ def token_create(
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
         raise ValueError(f"unknown scope(s) {', '.join(unknown)}; allowed: {', '.join(ALL_SCOPES)}")
-    with scopes_disabled():
+    with tenant_scope(tenant):
         if not Membership.objects.filter(tenant=tenant, user=user).exists():
             raise ValueError(f"{user} is not a member of tenant {tenant.slug}")
         prefix = secrets.token_hex(4)
@@ -60,6 +60,7 @@ def token_create(
     return IssuedToken(token=token, plaintext=plaintext)
 
 
+@acts_for_tenant("token")
 @transaction.atomic
 def token_revoke(*, token: ApiToken, actor) -> ApiToken:
     """Revoke a token (its owner, or an admin/owner of the tenant; actor=None: the platform)."""

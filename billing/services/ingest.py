@@ -124,7 +124,7 @@ def _ms(value) -> int:
     return int(value.timestamp() * 1000)
 
 
-@scopes_disabled()
+@scopes_disabled()  # a node's report: windows of every tenant's jobs, checked against the node
 @transaction.atomic
 def usage_windows_ingest(*, node: Node, windows: list[dict]) -> dict:
     """Store and rate metering windows exactly once.

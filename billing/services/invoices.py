@@ -13,6 +13,7 @@ from django_scopes import scopes_disabled
 from psycopg2.extras import execute_values
 
 from accounts.models import Tenant
+from accounts.tenancy import acts_for_tenant
 from webhooks import emit as webhook_emit
 
 from .. import rating
@@ -36,7 +37,7 @@ def invoice_transition(invoice: Invoice, to_state: str, *, save_fields: tuple[st
     webhook_emit.invoice_state_changed(invoice)
 
 
-@scopes_disabled()
+@acts_for_tenant
 @transaction.atomic
 def invoice_close(*, tenant: Tenant, month: date) -> Invoice | None:
     """Turn the tenant's uninvoiced charges up to ``month`` into that month's invoice.
@@ -52,7 +53,7 @@ def invoice_close(*, tenant: Tenant, month: date) -> Invoice | None:
     return closed or Invoice.objects.filter(tenant=tenant, month=month).first()
 
 
-@scopes_disabled()
+@scopes_disabled()  # the month's close: every tenant's charges, set-based
 def invoices_close_month(*, month: date) -> list[Invoice]:
     """Close ``month`` for every tenant with uninvoiced charges, set-based (see ``invoice_close``).
 
@@ -228,7 +229,7 @@ def _line(invoice: Invoice, group: tuple) -> InvoiceLine:
     )
 
 
-@scopes_disabled()
+@acts_for_tenant("invoice")
 @transaction.atomic
 def invoice_void(*, invoice: Invoice, reason: str = "") -> Invoice:
     """Void an unpaid invoice; its charges go back to uninvoiced (the next close picks them up)."""

@@ -17,6 +17,7 @@ from django_scopes import scopes_disabled
 
 from accounts import services as accounts_services
 from accounts.models import Tenant
+from accounts.tenancy import acts_for_tenant
 
 from .. import gateway as stripe_gateway
 from ..models import BillingPolicy, Invoice, InvoiceLine, StripeEvent
@@ -84,7 +85,7 @@ def _invoice_push(invoice: Invoice, *, customer_id: str, gw) -> None:
     invoice.stripe_invoice_id = created.id
 
 
-@scopes_disabled()
+@acts_for_tenant(("billing.Invoice", "invoice_id"))
 def invoice_send(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None = None) -> Invoice:
     """Push a draft invoice to Stripe (customer, items, invoice, finalize) and try to collect it."""
     gw = gw or stripe_gateway.gateway()
@@ -109,7 +110,7 @@ def invoice_send(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None = N
     return invoice_collect(invoice_id=invoice.pk, gw=gw)
 
 
-@scopes_disabled()
+@acts_for_tenant(("billing.Invoice", "invoice_id"))
 def invoice_collect(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None = None) -> Invoice:
     """Charge an open (or failed) invoice's default payment method once more."""
     gw = gw or stripe_gateway.gateway()
@@ -124,7 +125,7 @@ def invoice_collect(*, invoice_id: int, gw: stripe_gateway.StripeGateway | None 
     return invoice_payment_failed(invoice=invoice, message=result.failure_message)
 
 
-@scopes_disabled()
+@acts_for_tenant("invoice")
 @transaction.atomic
 def invoice_paid(*, invoice: Invoice, at: datetime | None = None) -> Invoice:
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
@@ -135,7 +136,7 @@ def invoice_paid(*, invoice: Invoice, at: datetime | None = None) -> Invoice:
     return invoice
 
 
-@scopes_disabled()
+@acts_for_tenant("invoice")
 @transaction.atomic
 def invoice_payment_failed(*, invoice: Invoice, message: str = "", at: datetime | None = None) -> Invoice:
     """Record a failed payment; suspend the tenant once the grace period and failure count allow."""
@@ -169,7 +170,7 @@ def _suspend_if_due(invoice: Invoice, *, at: datetime, policy: BillingPolicy) ->
     return True
 
 
-@scopes_disabled()
+@scopes_disabled()  # the beat: every tenant's failed invoices
 def dunning_check(*, at: datetime | None = None) -> list[int]:
     """Suspend tenants whose failed invoices have run out of grace (beat, hourly); returns invoice ids."""
     at = at or timezone.now()
@@ -201,7 +202,7 @@ def _payment_matches(invoice: Invoice, event: stripe_gateway.StripeEventData) ->
     return ""
 
 
-@scopes_disabled()
+@scopes_disabled()  # Stripe's event: the invoice it names is found before its tenant is known
 @transaction.atomic
 def stripe_event_apply(*, event: stripe_gateway.StripeEventData) -> bool:
     """Store a verified event and apply it; a replay (same event id) does nothing and returns False.

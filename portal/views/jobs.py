@@ -87,7 +87,7 @@ def _array_filter(request):
     if not raw.isdigit() or len(raw) > 18:
         raise Http404
     array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=int(raw))
-    return array, sorted(states_by_array([array.pk])[array.pk].items())
+    return array, sorted(states_by_array(tenant=request.portal.tenant, array_ids=[array.pk])[array.pk].items())
 
 
 @tenant_page(action="jobs.cancel")

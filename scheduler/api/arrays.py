@@ -9,23 +9,23 @@ ones at once, running ones gracefully). The tasks themselves are jobs:
 from __future__ import annotations
 
 from django.db.models import Count
-from django_scopes import scopes_disabled
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from accounts.permissions import RoleAllows
+from accounts.tenancy import tenant_scope
 from gpushare.api import ERROR_RESPONSES, TenantScopedMixin
 
 from ..models import Job, JobArray
 from .serializers import JobArraySerializer
 
 
-def states_by_array(array_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Array id -> {state: task count}; one GROUP BY for a whole page."""
+def states_by_array(*, tenant, array_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Array id -> {state: task count} for ``tenant``'s arrays (a tenant or its id); one GROUP BY for a page."""
     out: dict[int, dict[str, int]] = {pk: {} for pk in array_ids}
-    with scopes_disabled():
+    with tenant_scope(tenant):
         rows = (
             Job.objects.filter(array_id__in=array_ids)
             .order_by()
@@ -38,7 +38,9 @@ def states_by_array(array_ids: list[int]) -> dict[int, dict[str, int]]:
 
 
 def array_body(array: JobArray) -> dict:
-    return JobArraySerializer(array, context={"states_by_array": states_by_array([array.pk])}).data
+    return JobArraySerializer(
+        array, context={"states_by_array": states_by_array(tenant=array.tenant_id, array_ids=[array.pk])}
+    ).data
 
 
 @extend_schema_view(
@@ -65,7 +67,7 @@ class JobArrayViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.get_queryset())
-        self._states = states_by_array([a.pk for a in page])
+        self._states = states_by_array(tenant=self.tenant, array_ids=[a.pk for a in page])
         return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     def retrieve(self, request, *args, **kwargs):

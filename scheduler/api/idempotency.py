@@ -19,9 +19,9 @@ from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
+from accounts.tenancy import acts_for_tenant
 
 from .. import services
 from ..models import Job
@@ -59,7 +59,7 @@ def _existing(*, tenant: Tenant, key: str, digest: str) -> Job | None:
     return job
 
 
-@scopes_disabled()
+@acts_for_tenant
 def job_submit_idempotent(*, tenant: Tenant, user, spec: services.JobSpec, idempotency_key: str) -> Submitted:
     """Submit ``spec`` once per (tenant, key); a replay returns the original job."""
     if not idempotency_key:

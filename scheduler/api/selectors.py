@@ -10,8 +10,8 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import connection
 from django.db.models import CharField, F, IntegerField, Max, Min, QuerySet, Sum
 from django.db.models.expressions import RawSQL
-from django_scopes import scopes_disabled
 
+from accounts.tenancy import tenant_id_of, tenant_scope
 from agents.models import Gpu
 
 from ..models import Allocation, Job, JobState, PriorityClass
@@ -60,31 +60,33 @@ def with_api_fields(queryset: QuerySet[Job], *, queue_position: bool = True) -> 
     return queryset.annotate(api_gpu_uuids=RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField())))
 
 
-def queue_positions_ranked(*, job_ids: list[int]) -> dict[int, int]:
-    """Queue positions of many queued jobs at once (a list page): one ranking of the whole queue, O(queue),
-    where a position per job costs O(jobs ahead) each. Jobs that are not queued are absent."""
+def queue_positions_ranked(*, tenant, job_ids: list[int]) -> dict[int, int]:
+    """Queue positions of many queued jobs of ``tenant`` at once (a list page): one ranking of the whole
+    queue (every tenant's jobs count for the place), O(queue), where a position per job costs O(jobs
+    ahead) each. Jobs that are not queued, or not the tenant's, are absent."""
     if not job_ids:
         return {}
     job, classes = Job._meta.db_table, PriorityClass._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"""SELECT id, position FROM (
-                    SELECT j.id, row_number() OVER (ORDER BY c.rank DESC, j.submitted_at, j.id) AS position
+                    SELECT j.id, j.tenant_id, row_number() OVER (ORDER BY c.rank DESC, j.submitted_at, j.id) AS position
                     FROM {job} j JOIN {classes} c ON c.id = j.priority_id WHERE j.state = 'queued') ranked
-                WHERE id IN ({", ".join(["%s"] * len(job_ids))})""",
-            list(job_ids),
+                WHERE tenant_id = %s AND id IN ({", ".join(["%s"] * len(job_ids))})""",
+            [tenant_id_of(tenant), *job_ids],
         )
         return dict(cursor.fetchall())
 
 
-def queue_positions(*, job_ids: list[int]) -> dict[int, int]:
-    """1-based place of each queued job among all queued jobs (higher class first, then first come).
+def queue_positions(*, tenant, job_ids: list[int]) -> dict[int, int]:
+    """1-based place of each queued job of ``tenant`` (a tenant or its id) among all queued jobs of
+    every tenant (higher class first, then first come).
 
-    Jobs that are not queued are absent from the answer. One query for any number of jobs.
+    Jobs that are not queued, or not the tenant's, are absent from the answer. One query for any number of jobs.
     """
     if not job_ids:
         return {}
-    with scopes_disabled():
+    with tenant_scope(tenant):
         rows = (
             Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED)
             .annotate(position=RawSQL(_queue_position_sql(), [], output_field=IntegerField()))

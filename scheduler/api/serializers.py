@@ -345,7 +345,7 @@ class JobSerializer(serializers.ModelSerializer):
             return job.api_queue_position
         positions = self.context.get("queue_positions")
         if positions is None:
-            positions = queue_positions(job_ids=[job.pk])
+            positions = queue_positions(tenant=job.tenant_id, job_ids=[job.pk])
         return positions.get(job.pk)
 
     @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=10, coerce_to_string=True))

@@ -84,7 +84,9 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         # Queued jobs on the page: their positions from one ranking of the queue (none: no query).
-        positions = queue_positions_ranked(job_ids=[job.pk for job in page if job.state == JobState.QUEUED])
+        positions = queue_positions_ranked(
+            tenant=self.tenant, job_ids=[job.pk for job in page if job.state == JobState.QUEUED]
+        )
         context = {**self.get_serializer_context(), "queue_positions": positions}
         return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
 

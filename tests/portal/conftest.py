@@ -88,6 +88,3 @@ def job_ran(job: Job, node: Node, *, windows: int = 3, window_ms: int = 1000, am
         )
         JobEvent.objects.create(tenant_id=job.tenant_id, job=job, from_state="queued", to_state="succeeded")
         return Job.objects.get(pk=job.pk)
-
-
-from tests.billing.conftest import localstripe  # noqa: E402, F401 - the billing tests' localstripe process fixture

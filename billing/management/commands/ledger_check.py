@@ -24,7 +24,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--month", required=True, help="YYYY-MM (UTC)")
 
-    @scopes_disabled()
+    @scopes_disabled()  # the operator's check of every tenant's month
     def handle(self, *args, month: str, **options):
         try:
             first_day = month_parse(month)

@@ -68,7 +68,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--node", default="sim-node-1")
 
-    @scopes_disabled()
+    @scopes_disabled()  # seeds the demo's tenants, every one
     @transaction.atomic
     def handle(self, *args, node, **options):
         user_model = get_user_model()
