@@ -205,12 +205,13 @@ def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_
 
 
 def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries):
-    """No budget: share-lock the tenant, read quota, plan and the default plan (one query), take the
-    admission lock and count open and queued jobs (every plan limits them by default); no usage, no holds."""
+    """No budget: share-lock the tenant, read quota, plan and the default plan (one query), look at
+    the open and queued counts (every plan limits them by default), take the admission lock (shared:
+    far from the limits) and count them again under it; no usage, no holds."""
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4)
     for _ in range(5):
         submit(tenant)
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(5):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
