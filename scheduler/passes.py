@@ -306,7 +306,7 @@ QUEUED_FIELDS = (
 )
 
 
-@scopes_disabled()
+@scopes_disabled()  # platform-wide: places every tenant's queue on the shared fleet
 @transaction.atomic
 def schedule_pass(*, now=None) -> PassResult:
     """Place what fits, preempt what must give way, record why the rest waits; dispatch after commit."""
@@ -527,7 +527,7 @@ def launches_resend(*, older_than_s: int = 30, now=None) -> int:
     a launch for an attempt it runs or already ran, so sending twice is safe.
     """
     cutoff = (now or timezone.now()) - timedelta(seconds=older_than_s)
-    with scopes_disabled():
+    with scopes_disabled():  # platform-wide: every tenant's launches stuck on their way to a node
         stuck = list(
             Job.objects.filter(
                 state=JobState.SCHEDULED, scheduled_at__lt=cutoff, node__state=Node.State.UP
