@@ -47,6 +47,7 @@ from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request
 from .score import Frag, Mix
 
 HOST_ONLY = ("host",)
+NO_ORDER = float("inf")  # the place in the fleet's order of an empty bucket's first item
 CANDIDATES_PER_BUCKET = 3  # fitting nodes of one bucket looked at for one with no scarce place lost
 MISSES_PER_BUCKET = 32  # nodes of a bucket too short of CPU/memory looked at before moving on (once a place is found)
 ROOM_KEYS = 48  # room buckets (smallest room that fits first) looked at for a slice
@@ -64,18 +65,21 @@ def cpu_band(node: NodeSlot) -> int:
 class _Ordered:
     """Items in the fleet's order, banded by their node's free CPU."""
 
-    __slots__ = ("bands", "items", "size")
+    __slots__ = ("bands", "first", "items", "size")
 
     def __init__(self):
         self.bands: dict[int, list[tuple[int, str]]] = {}
         self.items: dict[str, tuple[int, tuple[int, str], object]] = {}
         self.size = 0
+        self.first = NO_ORDER  # the lowest place in the fleet's order of any item (a bucket nothing beats is skipped)
 
     def add(self, key: str, item, order: int, band: int) -> None:
         entry = (order, key)
         insort(self.bands.setdefault(band, []), entry)
         self.items[key] = (band, entry, item)
         self.size += 1
+        if order < self.first:
+            self.first = order
 
     def remove(self, key: str) -> None:
         band, entry, _ = self.items.pop(key)
@@ -84,6 +88,8 @@ class _Ordered:
         if not entries:
             del self.bands[band]
         self.size -= 1
+        if entry[0] == self.first:
+            self.first = min((entries[0][0] for entries in self.bands.values()), default=NO_ORDER)
 
     def rekey(self, key: str, band: int) -> None:
         old, entry, item = self.items[key]
@@ -120,7 +126,9 @@ class _IdleIndex:
 
     def add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.setdefault(gpu.model, {}).setdefault(node.name, {})
-        buckets = self.buckets.setdefault(gpu.model, [_Ordered() for _ in range(self.width + 1)])
+        buckets = self.buckets.get(gpu.model)
+        if buckets is None:
+            buckets = self.buckets[gpu.model] = [_Ordered() for _ in range(self.width + 1)]
         count = len(per_node)
         if count:
             buckets[count].remove(node.name)
@@ -153,9 +161,9 @@ class Fleet:
         self.order = {n.name: i for i, n in enumerate(nodes)}
         self.cpu_nodes = [n for n in nodes if not n.gpus]
         self.hosts = _Ordered()  # schedulable nodes with GPUs, for CPU-only requests
-        for n in nodes:
-            if n.gpus and n.schedulable:
-                self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
+        self._host_list = [n for n in nodes if n.gpus and n.schedulable]
+        for n in self._host_list:
+            self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
         # The score (see .score): the workload's mix, fragmentation against its scarce classes, prices per
         # GPU of a model, models kept for constrained work (``avoid``: named by constrained jobs in the
         # queue; ``needed``: by the recent mix).
@@ -177,12 +185,15 @@ class Fleet:
         # Backfill and preemption reservations: GPU uuid -> the time from which
         # it is promised to a job; only requests ending by then may use it.
         self.reserved: dict[str, float] = {}
+        # model -> most GPUs of it on one node: a node with that many idle has every GPU of the model idle
+        self.model_most: dict[str, int] = {}
         for node in nodes:
             for gpu in node.gpus:
                 self.gpus[gpu.uuid] = gpu
                 if not (node.schedulable and gpu.healthy):
                     continue
                 self.model_memory[gpu.model] = max(self.model_memory.get(gpu.model, 0), gpu.memory_mb)
+                self.model_most[gpu.model] = max(self.model_most.get(gpu.model, 0), self._gpu_count(node, gpu.model))
                 if gpu.idle:
                     self._idle_add(gpu, node)
                 elif gpu.shared:
@@ -298,9 +309,10 @@ class Fleet:
         model_free: dict[str, int] = {}
         free_total = 0
         places = [0] * len(mix.classes)
-        for node in self.hosts:
+        frees_of = self._frees
+        for node in self._host_list:  # sums: the order does not matter
             for model in self._node_models(node):
-                frees = self.frees(node, model)
+                frees = frees_of.get((node.name, model)) or self.frees(node, model)
                 free = sum(frees)
                 if not free:
                     continue
@@ -375,6 +387,10 @@ class Fleet:
             return self.find_host(request)
         best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
         reserved = bool(self.reserved)
+        cpu, memory = request.cpu_milli, request.memory_mib
+        low = cpu.bit_length() if cpu > 0 else 0
+        per_gpu = max(1, need)
+        scarce = bool(self.mix.scarce)
         for model in self.models_for(request):
             buckets = self.idle_dedicated.buckets.get(model)
             if not buckets:
@@ -384,26 +400,32 @@ class Fleet:
                 continue
             per_node = self.idle_dedicated.gpus[model]
             op = ("whole", need)
-            low = request.cpu_milli.bit_length() if request.cpu_milli > 0 else 0
+            most = self.model_most[model]
             for count in range(need, len(buckets)):
                 bucket = buckets[count]
                 if not bucket.size:
                     continue
-                prefix = (*model_key, 0, 0, count != need)  # the best any node of this bucket can score
-                if best is not None and prefix > best[0][:5]:
+                # the best any node of this bucket can score (a bucket of the model's largest nodes holds
+                # only nodes with every GPU idle: fit 2)
+                fit_least = 0 if count == need else 2 if count == most else 1
+                if best is not None and (*model_key, 0, 0, fit_least, bucket.first) > best[0][:6]:
                     continue  # nothing in this bucket can beat what we have
                 items = bucket.items
+                idle_left = count - need
                 for band, entries in bucket.bands.items():
                     if band < low:
                         continue  # too little CPU free on every node of the band
+                    prefix = (*model_key, 0, _strands_least(band, idle_left, cpu, per_gpu), fit_least)
+                    if best is not None and prefix > best[0][:5]:
+                        continue  # nothing in this band can beat what we have
                     looked = missed = 0
-                    # beyond this place in the fleet's order nothing of the bucket beats the best
+                    # beyond this place in the fleet's order nothing of the band beats the best
                     limit = best[0][5] if best is not None and prefix == best[0][:5] else None
                     for order, name in entries:
                         if limit is not None and order > limit:
                             break
                         node = items[name][2]
-                        if not node.host_fits(request.cpu_milli, request.memory_mib):
+                        if not node.host_fits(cpu, memory):
                             missed += 1
                             if missed >= MISSES_PER_BUCKET and best is not None:
                                 break
@@ -417,13 +439,13 @@ class Fleet:
                             if len(gpus) < need:
                                 continue
                         else:
-                            gpus = list(per_node[name].values())
-                        lost = self.scarce_lost(node, model, request, op)
-                        strands = _strands(node, count - need, request)
+                            gpus = None  # all of the node's idle GPUs of the model (listed if it is the best)
+                        lost = self.scarce_lost(node, model, request, op) if scarce else 0
+                        strands = _strands(node, idle_left, request)
                         fit = 0 if count == need else 2 if count == self._gpu_count(node, model) else 1
                         key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                         if best is None or key < best[0]:
-                            best = (key, node, gpus)
+                            best = (key, node, gpus if gpus is not None else list(per_node[name].values()))
                             limit = best[0][5] if prefix == best[0][:5] else None
                         looked += 1
                         if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
@@ -471,30 +493,54 @@ class Fleet:
             if keys:
                 buckets = self.room[model]
                 first = bisect_left(keys, request.share_milli)
+                share = request.share_milli
                 for free in keys[first : first + ROOM_KEYS]:
-                    if best[0] is not None and free != request.share_milli and (*model_key, 0, 0, 1) > best[0][:5]:
-                        break  # partial fits from here on: none beats what we have
+                    if best[0] is not None:
+                        if free != share and (*model_key, 0, 0, 1) > best[0][:5]:
+                            break  # partial fits from here on: none beats what we have
+                        if (*model_key, 0, 0, free != share, buckets[free].first) >= best[0]:
+                            continue  # every GPU of the bucket is later in the order than the best
                     self._slice_scan(buckets[free], model, model_key, request, end_ms, best, shared=True)
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
+                most = self.model_most[model]
                 for count in range(1, len(buckets)):
-                    if buckets[count].size:
-                        self._slice_scan(buckets[count], model, model_key, request, end_ms, best, shared=False)
+                    bucket = buckets[count]
+                    if bucket.size:
+                        fit_least = 2 if count == most else 1
+                        if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
+                            continue  # no node of the bucket can beat the best
+                        self._slice_scan(
+                            bucket, model, model_key, request, end_ms, best, shared=False, fit_least=fit_least
+                        )
         return best[1]
 
-    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool) -> None:
+    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool, fit_least=1) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
-        order, scored into ``best`` (stops at the first that loses no scarce place)."""
-        if best[0] is not None and not shared and (*model_key, 0, 0, 1) > best[0][:5]:
+        order, scored into ``best`` (stops at the first that loses no scarce place). ``fit_least``: the
+        lowest fit a node of an idle bucket can score."""
+        if best[0] is not None and not shared and (*model_key, 0, 0, fit_least) > best[0][:5]:
             return  # an idle GPU (a partial fit at best) cannot beat what we have
         per_node = None if shared else self.idle_shared.gpus[model]
         items = bucket.items
-        for entries in bucket.bands_for(request.cpu_milli):
+        cpu = request.cpu_milli
+        low = cpu.bit_length() if cpu > 0 else 0
+        share = request.share_milli
+        scarce = bool(self.mix.scarce)
+        for band, entries in bucket.bands.items():
+            if band < low:
+                continue  # too little CPU free on every node of the band
+            # the least strands any node of the band can score (idle GPUs left behind without the CPU)
+            strands_least = 0
+            if not shared:
+                strands_least = _strands_least(band, len(per_node[entries[0][1]]) - 1, cpu, 1)
+                if best[0] is not None and (*model_key, 0, strands_least, fit_least) > best[0][:5]:
+                    continue  # nothing in this band can beat what we have
             looked = missed = 0
             for order, name in entries:
                 item = items[name][2]
-                exact = not shared or item.free_milli != request.share_milli
-                if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
+                exact = fit_least if not shared else item.free_milli != share
+                if best[0] is not None and (*model_key, 0, strands_least, exact, order) >= best[0]:
                     break  # later in the order: no better than what we have
                 if shared:
                     gpu = item if self._slice_fits(item, request, end_ms) else None
@@ -511,7 +557,7 @@ class Fleet:
                         break
                     continue
                 node = self.nodes[gpu.node]
-                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
+                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, share)) if scarce else 0
                 strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
                 fit = exact
                 if not shared and len(per_node[name]) == self._gpu_count(node, model):
@@ -544,6 +590,14 @@ def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
     if node.cpu_milli and cpu_left < idle_left * request.cpu_milli / per_gpu:
         return 1
     return int(bool(node.memory_mib) and memory_left < idle_left * request.memory_mib / per_gpu)
+
+
+def _strands_least(band: int, idle_left: int, cpu_milli: int, per_gpu: int) -> int:
+    """1 if every node of CPU ``band`` (see :func:`cpu_band`) strands (see :func:`_strands`) idle GPUs when a
+    request of ``cpu_milli`` leaves ``idle_left`` of them: even the most free CPU the band holds is short."""
+    if not idle_left or band >= 64:
+        return 0
+    return int((1 << band) - 1 - cpu_milli < idle_left * cpu_milli / per_gpu)
 
 
 def slice_memory(gpu: GpuSlot, request: Request) -> int:
