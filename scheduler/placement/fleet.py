@@ -173,6 +173,8 @@ class Fleet:
         self.avoid: frozenset[str] = frozenset()
         self.needed: frozenset[str] = frozenset()
         self._frees: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._models_for: dict[tuple[str, int], list[str]] = {}
+        self._choices_of: dict[tuple, list[tuple[str, tuple[int, float]]]] = {}
         self._models_of: dict[str, list[str]] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self.gpus: dict[str, GpuSlot] = {}
@@ -283,9 +285,21 @@ class Fleet:
 
     # -- questions -------------------------------------------------------------
     def models_for(self, request: Request) -> list[str]:
-        wanted = request.models
-        models = [m for m in wanted if m in self.model_memory] if wanted else list(self.model_memory)
-        return [m for m in models if self.model_memory[m] >= request.gpu_memory_mb]
+        key = (request.gpu_model, request.gpu_memory_mb)
+        found = self._models_for.get(key)
+        if found is None:
+            wanted = request.models
+            models = [m for m in wanted if m in self.model_memory] if wanted else list(self.model_memory)
+            found = self._models_for[key] = [m for m in models if self.model_memory[m] >= request.gpu_memory_mb]
+        return found
+
+    def _choices(self, request: Request) -> list[tuple[str, tuple[int, float]]]:
+        """The models ``request`` may use, each with its tier and price (see :meth:`_model_key`)."""
+        key = (request.gpu_model, request.gpu_memory_mb, self.avoid, self.needed)
+        found = self._choices_of.get(key)
+        if found is None:
+            found = self._choices_of[key] = [(m, self._model_key(m, request)) for m in self.models_for(request)]
+        return found
 
     def usable(self, gpu: GpuSlot, end_ms: float) -> bool:
         if not self.reserved:
@@ -391,11 +405,10 @@ class Fleet:
         low = cpu.bit_length() if cpu > 0 else 0
         per_gpu = max(1, need)
         scarce = bool(self.mix.scarce)
-        for model in self.models_for(request):
+        for model, model_key in self._choices(request):
             buckets = self.idle_dedicated.buckets.get(model)
             if not buckets:
                 continue
-            model_key = self._model_key(model, request)
             if best is not None and model_key > best[0][:2]:
                 continue
             per_node = self.idle_dedicated.gpus[model]
@@ -485,8 +498,7 @@ class Fleet:
         that fit first; then idle GPUs, by the node's idle count), the lowest score (see the module's
         docstring)."""
         best: list = [None, None]  # key, GPU
-        for model in self.models_for(request):
-            model_key = self._model_key(model, request)
+        for model, model_key in self._choices(request):
             if best[0] is not None and model_key > best[0][:2]:
                 continue
             keys = self.room_keys.get(model)
@@ -506,7 +518,7 @@ class Fleet:
                 most = self.model_most[model]
                 for count in range(1, len(buckets)):
                     bucket = buckets[count]
-                    if bucket.size:
+                    if bucket.first != NO_ORDER:  # not empty
                         fit_least = 2 if count == most else 1
                         if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
                             continue  # no node of the bucket can beat the best
