@@ -200,6 +200,19 @@ class Fleet:
                     self._idle_add(gpu, node)
                 elif gpu.shared:
                     self._room_put(gpu)
+        # Free GPU thousandths per model and in all, and idle GPUs per model and node, kept as placements
+        # take them (the mix's refresh reads them; see refresh_mix)
+        self.model_free: dict[str, int] = {}
+        self.free_total = 0
+        self.idle_of: dict[str, dict[str, int]] = {}
+        for node in self._host_list:
+            for gpu in node.gpus:
+                if gpu.healthy:
+                    self.model_free[gpu.model] = self.model_free.get(gpu.model, 0) + gpu.free_milli
+                    self.free_total += gpu.free_milli
+                    if gpu.free_milli == WHOLE:
+                        idle = self.idle_of.setdefault(gpu.model, {})
+                        idle[node.name] = idle.get(node.name, 0) + 1
 
     # -- index upkeep ----------------------------------------------------------
     def _idle_add(self, gpu: GpuSlot, node: NodeSlot) -> None:
@@ -261,11 +274,24 @@ class Fleet:
     def take_host(self, node: NodeSlot, request: Request) -> None:
         self.use_host(node, request.cpu_milli, request.memory_mib)
 
+    def _freed(self, node: NodeSlot, gpu: GpuSlot, before: int) -> None:
+        """``gpu``'s free thousandths went from ``before`` to what they are now: the totals follow."""
+        change = gpu.free_milli - before
+        self.model_free[gpu.model] += change
+        self.free_total += change
+        if before == WHOLE:
+            idle = self.idle_of[gpu.model]
+            idle[node.name] -= 1
+            if not idle[node.name]:
+                del idle[node.name]
+
     def take_whole(self, node: NodeSlot, gpus: list[GpuSlot], request: Request) -> None:
         for gpu in gpus:
             self._idle_remove(gpu, node)
+            before = gpu.free_milli
             gpu.dedicated = True
             gpu.used_milli = WHOLE
+            self._freed(node, gpu, before)
             self._frees.pop((node.name, gpu.model), None)
         self.use_host(node, request.cpu_milli, request.memory_mib)
 
@@ -275,7 +301,9 @@ class Fleet:
             self._idle_remove(gpu, node)
         else:
             self._room_drop(gpu)
+        before = gpu.free_milli
         gpu.used_milli += request.share_milli
+        self._freed(node, gpu, before)
         gpu.used_memory_mb += slice_memory(gpu, request)
         if gpu.mig is not None:
             mig_take(gpu, request.share_milli)
@@ -320,26 +348,19 @@ class Fleet:
         mix = self.mix
         mix.refresh()  # the classes first, then their places
         gangs = {i: c for i, c in enumerate(mix.classes) if c[1] >= 2}
-        model_free: dict[str, int] = {}
-        free_total = 0
         places = [0] * len(mix.classes)
-        frees_of = self._frees
-        for node in self._host_list:  # sums: the order does not matter
-            for model in self._node_models(node):
-                frees = frees_of.get((node.name, model)) or self.frees(node, model)
-                free = sum(frees)
-                if not free:
-                    continue
-                model_free[model] = model_free.get(model, 0) + free
-                free_total += free
-                if not gangs or frees[-1] < WHOLE:
-                    continue
-                idle = frees.count(WHOLE)
-                for key, (_, count, _, cpu, memory, models) in gangs.items():
-                    if idle >= count and (not models or model in models) and node.host_fits(cpu, memory):
-                        places[key] += idle // count
-        mix.refresh(places, free_total)
-        self.needed = mix.needed(model_free, free_total)
+        if gangs:
+            fewest = min(c[1] for c in gangs.values())
+            for model, idle_nodes in self.idle_of.items():
+                for name, idle in idle_nodes.items():
+                    if idle < fewest:
+                        continue
+                    node = self.nodes[name]
+                    for key, (_, count, _, cpu, memory, models) in gangs.items():
+                        if idle >= count and (not models or model in models) and node.host_fits(cpu, memory):
+                            places[key] += idle // count
+        mix.refresh(places, self.free_total)
+        self.needed = mix.needed(self.model_free, self.free_total)
 
     def _node_models(self, node: NodeSlot) -> list[str]:
         models = self._models_of.get(node.name)
