@@ -421,6 +421,7 @@ class Fleet:
         if need == 0:
             return self.find_host(request)
         best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
+        best5 = best6 = None  # the best key's first five and six terms (compared with the bounds)
         reserved = bool(self.reserved)
         cpu, memory = request.cpu_milli, request.memory_mib
         low = cpu.bit_length() if cpu > 0 else 0
@@ -435,6 +436,7 @@ class Fleet:
             per_node = self.idle_dedicated.gpus[model]
             op = ("whole", need)
             most = self.model_most[model]
+            model_memory = self.model_memory[model]
             for count in range(need, len(buckets)):
                 bucket = buckets[count]
                 if not bucket.size:
@@ -442,19 +444,22 @@ class Fleet:
                 # the best any node of this bucket can score (a bucket of the model's largest nodes holds
                 # only nodes with every GPU idle: fit 2)
                 fit_least = 0 if count == need else 2 if count == most else 1
-                if best is not None and (*model_key, 0, 0, fit_least, bucket.first) > best[0][:6]:
+                if best is not None and (*model_key, 0, 0, fit_least, bucket.first) > best6:
                     continue  # nothing in this bucket can beat what we have
                 items = bucket.items
                 idle_left = count - need
+                stranding = idle_left * cpu / per_gpu  # CPU the idle GPUs left would need (see _strands)
                 for band, entries in bucket.bands.items():
                     if band < low:
                         continue  # too little CPU free on every node of the band
-                    prefix = (*model_key, 0, _strands_least(band, idle_left, cpu, per_gpu), fit_least)
-                    if best is not None and prefix > best[0][:5]:
+                    # every node of the band strands idle GPUs when even its most free CPU is short
+                    short = int(bool(idle_left) and band < 64 and (1 << band) - 1 - cpu < stranding)
+                    prefix = (*model_key, 0, short, fit_least)
+                    if best is not None and prefix > best5:
                         continue  # nothing in this band can beat what we have
                     looked = missed = 0
                     # beyond this place in the fleet's order nothing of the band beats the best
-                    limit = best[0][5] if best is not None and prefix == best[0][:5] else None
+                    limit = best6[5] if best is not None and prefix == best5 else None
                     for order, name in entries:
                         if limit is not None and order > limit:
                             break
@@ -475,12 +480,13 @@ class Fleet:
                         else:
                             gpus = None  # all of the node's idle GPUs of the model (listed if it is the best)
                         lost = self.scarce_lost(node, model, request, op) if scarce else 0
-                        strands = _strands(node, idle_left, request)
-                        fit = 0 if count == need else 2 if count == self._gpu_count(node, model) else 1
-                        key = (*model_key, lost, strands, fit, order, self.model_memory[model])
+                        strands = _strands(node, idle_left, request) if idle_left else 0
+                        fit = fit_least if fit_least != 1 else 2 if count == self._gpu_count(node, model) else 1
+                        key = (*model_key, lost, strands, fit, order, model_memory)
                         if best is None or key < best[0]:
                             best = (key, node, gpus if gpus is not None else list(per_node[name].values()))
-                            limit = best[0][5] if prefix == best[0][:5] else None
+                            best5, best6 = key[:5], key[:6]
+                            limit = order if prefix == best5 else None
                         looked += 1
                         if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                             break
