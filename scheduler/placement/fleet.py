@@ -81,7 +81,8 @@ class _Ordered:
         if order < self.first:
             self.first = order
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: str) -> int:
+        """Drop ``key``; its band."""
         band, entry, _ = self.items.pop(key)
         entries = self.bands[band]
         del entries[bisect_left(entries, entry)]
@@ -89,7 +90,12 @@ class _Ordered:
             del self.bands[band]
         self.size -= 1
         if entry[0] == self.first:
-            self.first = min((entries[0][0] for entries in self.bands.values()), default=NO_ORDER)
+            first = NO_ORDER
+            for entries in self.bands.values():
+                if entries[0][0] < first:
+                    first = entries[0][0]
+            self.first = first
+        return band
 
     def rekey(self, key: str, band: int) -> None:
         old, entry, item = self.items[key]
@@ -130,10 +136,9 @@ class _IdleIndex:
         if buckets is None:
             buckets = self.buckets[gpu.model] = [_Ordered() for _ in range(self.width + 1)]
         count = len(per_node)
-        if count:
-            buckets[count].remove(node.name)
+        band = buckets[count].remove(node.name) if count else cpu_band(node)
         per_node[gpu.uuid] = gpu
-        buckets[count + 1].add(node.name, node, self.order[node.name], cpu_band(node))
+        buckets[count + 1].add(node.name, node, self.order[node.name], band)
 
     def remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.get(gpu.model, {}).get(node.name)
@@ -141,10 +146,10 @@ class _IdleIndex:
             return
         buckets = self.buckets[gpu.model]
         count = len(per_node)
-        buckets[count].remove(node.name)
+        band = buckets[count].remove(node.name)  # the node's host use has not changed: its band holds
         del per_node[gpu.uuid]
         if count > 1:
-            buckets[count - 1].add(node.name, node, self.order[node.name], cpu_band(node))
+            buckets[count - 1].add(node.name, node, self.order[node.name], band)
 
     def rekey(self, node: NodeSlot, models: list[str]) -> None:
         """``node``'s free CPU changed: move it to its band in its buckets."""
@@ -583,13 +588,20 @@ class Fleet:
                     break  # later in the order: no better than what we have
                 if shared:
                     gpu = item if self._slice_fits(item, request, end_ms) else None
-                else:
+                elif not item.host_fits(request.cpu_milli, request.memory_mib):
+                    gpu = None  # no GPU of the node fits (see _slice_fits)
+                else:  # a GPU kept for slices first
                     gpus = per_node[name].values()
-                    gpu = next(
-                        (g for g in gpus if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms)), None
-                    )
-                    if gpu is None:
-                        gpu = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
+                    gpu = None
+                    for g in gpus:
+                        if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms):
+                            gpu = g
+                            break
+                    else:
+                        for g in gpus:
+                            if self._slice_fits(g, request, end_ms):
+                                gpu = g
+                                break
                 if gpu is None:
                     missed += 1
                     if missed >= MISSES_PER_BUCKET and best[0] is not None:
