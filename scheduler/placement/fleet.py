@@ -544,7 +544,7 @@ class Fleet:
                             break  # partial fits from here on: none beats what we have
                         if (*model_key, 0, 0, free != share, buckets[free].first) >= best[0]:
                             continue  # every GPU of the bucket is later in the order than the best
-                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, shared=True)
+                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, True, 1)
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
                 most = self.model_most[model]
@@ -554,17 +554,13 @@ class Fleet:
                         fit_least = 2 if count == most else 1
                         if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
                             continue  # no node of the bucket can beat the best
-                        self._slice_scan(
-                            bucket, model, model_key, request, end_ms, best, shared=False, fit_least=fit_least
-                        )
+                        self._slice_scan(bucket, model, model_key, request, end_ms, best, False, fit_least)
         return best[1]
 
-    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool, fit_least=1) -> None:
+    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, shared: bool, fit_least: int) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
         order, scored into ``best`` (stops at the first that loses no scarce place). ``fit_least``: the
         lowest fit a node of an idle bucket can score."""
-        if best[0] is not None and not shared and (*model_key, 0, 0, fit_least) > best[0][:5]:
-            return  # an idle GPU (a partial fit at best) cannot beat what we have
         per_node = None if shared else self.idle_shared.gpus[model]
         items = bucket.items
         cpu = request.cpu_milli
