@@ -43,7 +43,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from heapq import merge
 
-from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
+from .data import ANY, DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
 from .score import Frag, Mix
 
 HOST_ONLY = ("host",)
@@ -186,7 +186,10 @@ class Fleet:
         self.model_memory: dict[str, int] = {}  # model -> largest memory of a GPU of it
         width = max((len(n.gpus) for n in nodes), default=0)
         self.idle_dedicated = _IdleIndex(width, self.order)
-        self.idle_shared = _IdleIndex(width, self.order)
+        # With no GPU reserved for one use, both indexes would hold the same: one is kept
+        self.idle_shared = self.idle_dedicated
+        if any(g.reservation != ANY for n in nodes for g in n.gpus):
+            self.idle_shared = _IdleIndex(width, self.order)
         self.room: dict[str, dict[int, _Ordered]] = {}
         self.room_keys: dict[str, list[int]] = {}
         # Backfill and preemption reservations: GPU uuid -> the time from which
@@ -223,12 +226,13 @@ class Fleet:
     def _idle_add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         if gpu.reservation != SHARED_ONLY:
             self.idle_dedicated.add(gpu, node)
-        if gpu.reservation != DEDICATED_ONLY:
+        if gpu.reservation != DEDICATED_ONLY and self.idle_shared is not self.idle_dedicated:
             self.idle_shared.add(gpu, node)
 
     def _idle_remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         self.idle_dedicated.remove(gpu, node)
-        self.idle_shared.remove(gpu, node)
+        if self.idle_shared is not self.idle_dedicated:
+            self.idle_shared.remove(gpu, node)
 
     def _gpu_order(self, gpu: GpuSlot) -> int:
         return self.order[gpu.node]
@@ -270,7 +274,8 @@ class Fleet:
             self.hosts.rekey(node.name, band)
         models = self._node_models(node)
         self.idle_dedicated.rekey(node, models)
-        self.idle_shared.rekey(node, models)
+        if self.idle_shared is not self.idle_dedicated:
+            self.idle_shared.rekey(node, models)
         for gpu in node.gpus:
             bucket = self.room.get(gpu.model, {}).get(gpu.free_milli)
             if bucket is not None and gpu.uuid in bucket:

@@ -24,12 +24,13 @@ import pytest
 from scheduler.placement import DEDICATED_ONLY, SHARED_ONLY, GpuSlot, NodeSlot, Policy, Request, Running, Session, plan
 
 RECORDED = Path(__file__).parent / "data" / "placement_decisions.json"
-SEEDS = (1, 2, 3, 4, 5, 6)
+SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
+UNRESERVED = (7, 8)  # fleets with no GPU reserved for one use (the core keeps one idle index for both)
 # name, memory; "twin" is like "mid" in memory (and price when priced): the core must break their ties alike
 MODELS = (("big", 81920), ("mid", 24576), ("twin", 24576), ("old", 16384), ("edge", 15360))
 
 
-def random_fleet(rng: random.Random, size: int) -> list[NodeSlot]:
+def random_fleet(rng: random.Random, size: int, *, reserved: bool = True) -> list[NodeSlot]:
     nodes = []
     for i in range(size):
         name = f"n{i:03d}"
@@ -46,7 +47,9 @@ def random_fleet(rng: random.Random, size: int) -> list[NodeSlot]:
                     node=name,
                     model=model,
                     memory_mb=memory,
-                    reservation=rng.choices(("any", DEDICATED_ONLY, SHARED_ONLY), (0.9, 0.05, 0.05))[0],
+                    reservation=rng.choices(("any", DEDICATED_ONLY, SHARED_ONLY), (0.9, 0.05, 0.05))[0]
+                    if reserved
+                    else "any",
                     healthy=rng.random() > 0.03,
                 )
             )
@@ -109,7 +112,8 @@ def where(placement) -> str:
 def online(seed: int) -> list:
     """Requests offered one at a time until the demand reaches the fleet's GPUs (the packing replay)."""
     rng = random.Random(seed)
-    nodes = random_fleet(rng, rng.randint(60, 160) if seed % 3 else rng.randint(500, 700))  # a few large fleets
+    size = rng.randint(60, 160) if seed % 3 else rng.randint(500, 700)  # a few large fleets
+    nodes = random_fleet(rng, size, reserved=seed not in UNRESERVED)
     slices = rng.random() < 0.5
     session = Session(nodes, policy=Policy(now_ms=0, model_price=prices(rng)))
     capacity = sum(len(n.gpus) for n in nodes) * 1000
@@ -126,7 +130,7 @@ def online(seed: int) -> list:
 def queue(seed: int) -> dict:
     """A whole queue over running jobs: placements, reasons and estimated starts."""
     rng = random.Random(seed)
-    nodes = random_fleet(rng, rng.randint(60, 160))
+    nodes = random_fleet(rng, rng.randint(60, 160), reserved=seed not in UNRESERVED)
     slices = rng.random() < 0.5
     running, job_id = [], 0
     for node in nodes:
