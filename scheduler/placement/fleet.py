@@ -474,7 +474,9 @@ class Fleet:
                         if limit is not None and order > limit:
                             break
                         node = items[name][2]
-                        if not node.host_fits(cpu, memory):
+                        if (cpu and node.cpu_milli and node.used_cpu_milli + cpu > node.cpu_milli) or (
+                            memory and node.memory_mib and node.used_memory_mib + memory > node.memory_mib
+                        ):  # not node.host_fits(cpu, memory), inline: the hottest test of the scan
                             missed += 1
                             if missed >= MISSES_PER_BUCKET and best is not None:
                                 break
@@ -494,7 +496,7 @@ class Fleet:
                         fit = fit_least if fit_least != 1 else 2 if count == self._gpu_count(node, model) else 1
                         key = (*model_key, lost, strands, fit, order, model_memory)
                         if best is None or key < best[0]:
-                            best = (key, node, gpus if gpus is not None else list(per_node[name].values()))
+                            best = (key, node, gpus if gpus is not None else per_node[name])
                             best5, best6 = key[:5], key[:6]
                             limit = order if prefix == best5 else None
                         looked += 1
@@ -503,6 +505,8 @@ class Fleet:
         if best is None:
             return None
         node, gpus = best[1], best[2]
+        if not isinstance(gpus, list):
+            gpus = list(gpus.values())  # all of the node's idle GPUs of the model
         gpus.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
         return node, gpus[:need]
 
@@ -549,7 +553,7 @@ class Fleet:
                             break  # partial fits from here on: none beats what we have
                         if (*model_key, 0, 0, free != share, buckets[free].first) >= best[0]:
                             continue  # every GPU of the bucket is later in the order than the best
-                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, True, 1)
+                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, True, int(free != share))
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
                 most = self.model_most[model]
@@ -565,7 +569,7 @@ class Fleet:
     def _slice_scan(self, bucket, model, model_key, request, end_ms, best, shared: bool, fit_least: int) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
         order, scored into ``best`` (stops at the first that loses no scarce place). ``fit_least``: the
-        lowest fit a node of an idle bucket can score."""
+        lowest fit a GPU of the bucket can score (a room bucket: 0 when its room is the slice's, else 1)."""
         per_node = None if shared else self.idle_shared.gpus[model]
         items = bucket.items
         cpu = request.cpu_milli
@@ -584,7 +588,7 @@ class Fleet:
             looked = missed = 0
             for order, name in entries:
                 item = items[name][2]
-                exact = fit_least if not shared else item.free_milli != share
+                exact = fit_least  # a room bucket: whether its room is more than the slice (the same for all)
                 if best[0] is not None and (*model_key, 0, strands_least, exact, order) >= best[0]:
                     break  # later in the order: no better than what we have
                 if shared:
