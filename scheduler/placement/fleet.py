@@ -626,13 +626,18 @@ class Fleet:
                     break
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
-        if gpu.memory_mb - gpu.used_memory_mb < slice_memory(gpu, request):
+        # slice_memory(), NodeSlot.host_fits() and usable(), inline: the scans call this for every GPU
+        if gpu.memory_mb - gpu.used_memory_mb < (request.gpu_memory_mb or request.share_milli * gpu.memory_mb // WHOLE):
             return False
         if gpu.mig is not None and (not gpu.mig_free or gpu.mig_free[-1][0] < mig_need(gpu, request.share_milli)):
             return False  # MIG: only a free instance that holds the slice
-        if not self.nodes[gpu.node].host_fits(request.cpu_milli, request.memory_mib):
+        node = self.nodes[gpu.node]
+        cpu, memory = request.cpu_milli, request.memory_mib
+        if (cpu and node.cpu_milli and node.used_cpu_milli + cpu > node.cpu_milli) or (
+            memory and node.memory_mib and node.used_memory_mib + memory > node.memory_mib
+        ):
             return False
-        return self.usable(gpu, end_ms)
+        return not self.reserved or self.usable(gpu, end_ms)
 
 
 def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
