@@ -122,23 +122,40 @@ class _Ordered:
 
 
 class _IdleIndex:
-    """model -> node -> idle GPUs; model -> [count] -> nodes with that many, in the fleet's order."""
+    """model -> node -> idle GPUs; model -> [count] -> nodes with that many, in the fleet's order;
+    model -> the counts whose bucket is not empty, ascending (the scans skip the empty ones)."""
 
     def __init__(self, width: int, order: dict[str, int]):
         self.width = width
         self.order = order
         self.gpus: dict[str, dict[str, dict[str, GpuSlot]]] = {}
         self.buckets: dict[str, list[_Ordered]] = {}
+        self.counts: dict[str, list[int]] = {}
+
+    def _put(self, model: str, buckets: list[_Ordered], count: int, node: NodeSlot, band: int) -> None:
+        bucket = buckets[count]
+        bucket.add(node.name, node, self.order[node.name], band)
+        if bucket.size == 1:
+            insort(self.counts[model], count)
+
+    def _take(self, model: str, buckets: list[_Ordered], count: int, node: NodeSlot) -> int:
+        bucket = buckets[count]
+        band = bucket.remove(node.name)
+        if not bucket.size:
+            counts = self.counts[model]
+            del counts[bisect_left(counts, count)]
+        return band
 
     def add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.setdefault(gpu.model, {}).setdefault(node.name, {})
         buckets = self.buckets.get(gpu.model)
         if buckets is None:
             buckets = self.buckets[gpu.model] = [_Ordered() for _ in range(self.width + 1)]
+            self.counts[gpu.model] = []
         count = len(per_node)
-        band = buckets[count].remove(node.name) if count else cpu_band(node)
+        band = self._take(gpu.model, buckets, count, node) if count else cpu_band(node)
         per_node[gpu.uuid] = gpu
-        buckets[count + 1].add(node.name, node, self.order[node.name], band)
+        self._put(gpu.model, buckets, count + 1, node, band)
 
     def remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.get(gpu.model, {}).get(node.name)
@@ -146,10 +163,10 @@ class _IdleIndex:
             return
         buckets = self.buckets[gpu.model]
         count = len(per_node)
-        band = buckets[count].remove(node.name)  # the node's host use has not changed: its band holds
+        band = self._take(gpu.model, buckets, count, node)  # the node's host use has not changed: its band holds
         del per_node[gpu.uuid]
         if count > 1:
-            buckets[count - 1].add(node.name, node, self.order[node.name], band)
+            self._put(gpu.model, buckets, count - 1, node, band)
 
     def rekey(self, node: NodeSlot, models: list[str]) -> None:
         """``node``'s free CPU changed: move it to its band in its buckets."""
@@ -447,10 +464,9 @@ class Fleet:
             op = ("whole", need)
             most = self.model_most[model]
             model_memory = self.model_memory[model]
-            for count in range(need, len(buckets)):
+            counts = self.idle_dedicated.counts[model]
+            for count in counts[bisect_left(counts, need) :]:
                 bucket = buckets[count]
-                if not bucket.size:
-                    continue
                 # the best any node of this bucket can score (a bucket of the model's largest nodes holds
                 # only nodes with every GPU idle: fit 2)
                 fit_least = 0 if count == need else 2 if count == most else 1
@@ -557,13 +573,12 @@ class Fleet:
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
                 most = self.model_most[model]
-                for count in range(1, len(buckets)):
+                for count in self.idle_shared.counts[model]:
                     bucket = buckets[count]
-                    if bucket.first != NO_ORDER:  # not empty
-                        fit_least = 2 if count == most else 1
-                        if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
-                            continue  # no node of the bucket can beat the best
-                        self._slice_scan(bucket, model, model_key, request, end_ms, best, False, fit_least)
+                    fit_least = 2 if count == most else 1
+                    if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
+                        continue  # no node of the bucket can beat the best
+                    self._slice_scan(bucket, model, model_key, request, end_ms, best, False, fit_least)
         return best[1]
 
     def _slice_scan(self, bucket, model, model_key, request, end_ms, best, shared: bool, fit_least: int) -> None:
