@@ -474,7 +474,9 @@ class Fleet:
                     continue  # nothing in this bucket can beat what we have
                 items = bucket.items
                 idle_left = count - need
-                stranding = idle_left * cpu / per_gpu  # CPU the idle GPUs left would need (see _strands)
+                # the CPU and memory the idle GPUs left would need (see _strands, inline below)
+                stranding = idle_left * cpu / per_gpu
+                stranding_memory = idle_left * memory / per_gpu
                 for band, entries in bucket.bands.items():
                     if band < low:
                         continue  # too little CPU free on every node of the band
@@ -508,7 +510,12 @@ class Fleet:
                         else:
                             gpus = None  # all of the node's idle GPUs of the model (listed if it is the best)
                         lost = self.scarce_lost(node, model, request, op) if scarce else 0
-                        strands = _strands(node, idle_left, request) if idle_left else 0
+                        strands = 0  # _strands(node, idle_left, request), inline
+                        if idle_left:
+                            if node.cpu_milli and node.cpu_milli - node.used_cpu_milli - cpu < stranding:
+                                strands = 1
+                            elif node.memory_mib and node.memory_mib - node.used_memory_mib - memory < stranding_memory:
+                                strands = 1
                         fit = fit_least if fit_least != 1 else 2 if count == self._gpu_count(node, model) else 1
                         key = (*model_key, lost, strands, fit, order, model_memory)
                         if best is None or key < best[0]:
