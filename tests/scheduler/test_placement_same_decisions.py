@@ -197,3 +197,37 @@ def test_whole_queue_makes_the_recorded_decisions(recorded, seed):
 
 if __name__ == "__main__":
     print(json.dumps(record(), separators=(",", ":")))
+
+
+@pytest.mark.parametrize("seed", (1, 7))
+def test_the_totals_and_bounds_the_core_keeps_match_the_fleet_after_a_replay(seed):
+    """What the core keeps up to date as placements land (free capacity per model, idle GPUs per node, each
+    bucket's first place in the order and the idle counts with a non-empty bucket) equals what the fleet
+    holds, recomputed."""
+    rng = random.Random(seed)
+    nodes = random_fleet(rng, 120, reserved=seed not in UNRESERVED)
+    session = Session(nodes, policy=Policy(now_ms=0))
+    for job_id in range(1, 400):
+        session.offer(random_request(rng, job_id, slices=False))
+    fleet = session._planner.fleet
+    hosts = [n for n in nodes if n.gpus and n.schedulable]
+    free: dict[str, int] = {}
+    idle: dict[str, dict[str, int]] = {}
+    for node in hosts:
+        for gpu in node.gpus:
+            if gpu.healthy:
+                free[gpu.model] = free.get(gpu.model, 0) + gpu.free_milli
+                if gpu.idle:
+                    idle.setdefault(gpu.model, {})[node.name] = idle.get(gpu.model, {}).get(node.name, 0) + 1
+    assert fleet.model_free == free and fleet.free_total == sum(free.values())
+    assert {m: per_node for m, per_node in fleet.idle_of.items() if per_node} == idle
+    assert sum(free.values()) < sum(1000 * len(n.gpus) for n in hosts)  # the replay placed work
+    indexes = {id(fleet.idle_dedicated): fleet.idle_dedicated, id(fleet.idle_shared): fleet.idle_shared}
+    buckets = [b for index in indexes.values() for per_model in index.buckets.values() for b in per_model]
+    buckets += [b for per_model in fleet.room.values() for b in per_model.values()]
+    for bucket in buckets:
+        orders = [order for entries in bucket.bands.values() for order, _ in entries]
+        assert bucket.first == (min(orders) if orders else float("inf"))
+    for index in indexes.values():
+        for model, per_model in index.buckets.items():
+            assert index.counts[model] == [count for count, bucket in enumerate(per_model) if bucket.size]
