@@ -35,7 +35,10 @@ compared in order (see :mod:`.score` for the terms that read the workload):
    model when no price tells them apart).
 
 The terms read indexes and memoised fragmentation, so a decision costs about
-the same on 100 nodes as on 5,000.
+the same on 100 nodes as on 5,000. The scans skip, without a look, a bucket or
+CPU band whose best possible score (its fit, the strands its CPU band forces,
+its first place in the fleet's order) cannot beat the best found: only what
+could not be chosen is skipped (``tests/scheduler/test_placement_same_decisions.py``).
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from heapq import merge
 
-from .data import DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
+from .data import ANY, DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
 from .score import Frag, Mix
 
 HOST_ONLY = ("host",)
+NO_ORDER = float("inf")  # the place in the fleet's order of an empty bucket's first item
 CANDIDATES_PER_BUCKET = 3  # fitting nodes of one bucket looked at for one with no scarce place lost
 MISSES_PER_BUCKET = 32  # nodes of a bucket too short of CPU/memory looked at before moving on (once a place is found)
 ROOM_KEYS = 48  # room buckets (smallest room that fits first) looked at for a slice
@@ -64,26 +68,37 @@ def cpu_band(node: NodeSlot) -> int:
 class _Ordered:
     """Items in the fleet's order, banded by their node's free CPU."""
 
-    __slots__ = ("bands", "items", "size")
+    __slots__ = ("bands", "first", "items", "size")
 
     def __init__(self):
         self.bands: dict[int, list[tuple[int, str]]] = {}
         self.items: dict[str, tuple[int, tuple[int, str], object]] = {}
         self.size = 0
+        self.first = NO_ORDER  # the lowest place in the fleet's order of any item (a bucket nothing beats is skipped)
 
     def add(self, key: str, item, order: int, band: int) -> None:
         entry = (order, key)
         insort(self.bands.setdefault(band, []), entry)
         self.items[key] = (band, entry, item)
         self.size += 1
+        if order < self.first:
+            self.first = order
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: str) -> int:
+        """Drop ``key``; its band."""
         band, entry, _ = self.items.pop(key)
         entries = self.bands[band]
         del entries[bisect_left(entries, entry)]
         if not entries:
             del self.bands[band]
         self.size -= 1
+        if entry[0] == self.first:
+            first = NO_ORDER
+            for entries in self.bands.values():
+                if entries[0][0] < first:
+                    first = entries[0][0]
+            self.first = first
+        return band
 
     def rekey(self, key: str, band: int) -> None:
         old, entry, item = self.items[key]
@@ -110,22 +125,40 @@ class _Ordered:
 
 
 class _IdleIndex:
-    """model -> node -> idle GPUs; model -> [count] -> nodes with that many, in the fleet's order."""
+    """model -> node -> idle GPUs; model -> [count] -> nodes with that many, in the fleet's order;
+    model -> the counts whose bucket is not empty, ascending (the scans skip the empty ones)."""
 
     def __init__(self, width: int, order: dict[str, int]):
         self.width = width
         self.order = order
         self.gpus: dict[str, dict[str, dict[str, GpuSlot]]] = {}
         self.buckets: dict[str, list[_Ordered]] = {}
+        self.counts: dict[str, list[int]] = {}
+
+    def _put(self, model: str, buckets: list[_Ordered], count: int, node: NodeSlot, band: int) -> None:
+        bucket = buckets[count]
+        bucket.add(node.name, node, self.order[node.name], band)
+        if bucket.size == 1:
+            insort(self.counts[model], count)
+
+    def _take(self, model: str, buckets: list[_Ordered], count: int, node: NodeSlot) -> int:
+        bucket = buckets[count]
+        band = bucket.remove(node.name)
+        if not bucket.size:
+            counts = self.counts[model]
+            del counts[bisect_left(counts, count)]
+        return band
 
     def add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.setdefault(gpu.model, {}).setdefault(node.name, {})
-        buckets = self.buckets.setdefault(gpu.model, [_Ordered() for _ in range(self.width + 1)])
+        buckets = self.buckets.get(gpu.model)
+        if buckets is None:
+            buckets = self.buckets[gpu.model] = [_Ordered() for _ in range(self.width + 1)]
+            self.counts[gpu.model] = []
         count = len(per_node)
-        if count:
-            buckets[count].remove(node.name)
+        band = self._take(gpu.model, buckets, count, node) if count else cpu_band(node)
         per_node[gpu.uuid] = gpu
-        buckets[count + 1].add(node.name, node, self.order[node.name], cpu_band(node))
+        self._put(gpu.model, buckets, count + 1, node, band)
 
     def remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         per_node = self.gpus.get(gpu.model, {}).get(node.name)
@@ -133,10 +166,10 @@ class _IdleIndex:
             return
         buckets = self.buckets[gpu.model]
         count = len(per_node)
-        buckets[count].remove(node.name)
+        band = self._take(gpu.model, buckets, count, node)  # the node's host use has not changed: its band holds
         del per_node[gpu.uuid]
         if count > 1:
-            buckets[count - 1].add(node.name, node, self.order[node.name], cpu_band(node))
+            self._put(gpu.model, buckets, count - 1, node, band)
 
     def rekey(self, node: NodeSlot, models: list[str]) -> None:
         """``node``'s free CPU changed: move it to its band in its buckets."""
@@ -153,9 +186,9 @@ class Fleet:
         self.order = {n.name: i for i, n in enumerate(nodes)}
         self.cpu_nodes = [n for n in nodes if not n.gpus]
         self.hosts = _Ordered()  # schedulable nodes with GPUs, for CPU-only requests
-        for n in nodes:
-            if n.gpus and n.schedulable:
-                self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
+        self._host_list = [n for n in nodes if n.gpus and n.schedulable]
+        for n in self._host_list:
+            self.hosts.add(n.name, n, self.order[n.name], cpu_band(n))
         # The score (see .score): the workload's mix, fragmentation against its scarce classes, prices per
         # GPU of a model, models kept for constrained work (``avoid``: named by constrained jobs in the
         # queue; ``needed``: by the recent mix).
@@ -165,39 +198,61 @@ class Fleet:
         self.avoid: frozenset[str] = frozenset()
         self.needed: frozenset[str] = frozenset()
         self._frees: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._models_for: dict[tuple[str, int], list[str]] = {}
+        self._choices_of: dict[tuple, list[tuple[str, tuple[int, float]]]] = {}
         self._models_of: dict[str, list[str]] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self.gpus: dict[str, GpuSlot] = {}
         self.model_memory: dict[str, int] = {}  # model -> largest memory of a GPU of it
         width = max((len(n.gpus) for n in nodes), default=0)
         self.idle_dedicated = _IdleIndex(width, self.order)
-        self.idle_shared = _IdleIndex(width, self.order)
+        # With no GPU reserved for one use, both indexes would hold the same: one is kept
+        self.idle_shared = self.idle_dedicated
+        if any(g.reservation != ANY for n in nodes for g in n.gpus):
+            self.idle_shared = _IdleIndex(width, self.order)
         self.room: dict[str, dict[int, _Ordered]] = {}
         self.room_keys: dict[str, list[int]] = {}
         # Backfill and preemption reservations: GPU uuid -> the time from which
         # it is promised to a job; only requests ending by then may use it.
         self.reserved: dict[str, float] = {}
+        # model -> most GPUs of it on one node: a node with that many idle has every GPU of the model idle
+        self.model_most: dict[str, int] = {}
         for node in nodes:
             for gpu in node.gpus:
                 self.gpus[gpu.uuid] = gpu
                 if not (node.schedulable and gpu.healthy):
                     continue
                 self.model_memory[gpu.model] = max(self.model_memory.get(gpu.model, 0), gpu.memory_mb)
+                self.model_most[gpu.model] = max(self.model_most.get(gpu.model, 0), self._gpu_count(node, gpu.model))
                 if gpu.idle:
                     self._idle_add(gpu, node)
                 elif gpu.shared:
                     self._room_put(gpu)
+        # Free GPU thousandths per model and in all, and idle GPUs per model and node, kept as placements
+        # take them (the mix's refresh reads them; see refresh_mix)
+        self.model_free: dict[str, int] = {}
+        self.free_total = 0
+        self.idle_of: dict[str, dict[str, int]] = {}
+        for node in self._host_list:
+            for gpu in node.gpus:
+                if gpu.healthy:
+                    self.model_free[gpu.model] = self.model_free.get(gpu.model, 0) + gpu.free_milli
+                    self.free_total += gpu.free_milli
+                    if gpu.free_milli == WHOLE:
+                        idle = self.idle_of.setdefault(gpu.model, {})
+                        idle[node.name] = idle.get(node.name, 0) + 1
 
     # -- index upkeep ----------------------------------------------------------
     def _idle_add(self, gpu: GpuSlot, node: NodeSlot) -> None:
         if gpu.reservation != SHARED_ONLY:
             self.idle_dedicated.add(gpu, node)
-        if gpu.reservation != DEDICATED_ONLY:
+        if gpu.reservation != DEDICATED_ONLY and self.idle_shared is not self.idle_dedicated:
             self.idle_shared.add(gpu, node)
 
     def _idle_remove(self, gpu: GpuSlot, node: NodeSlot) -> None:
         self.idle_dedicated.remove(gpu, node)
-        self.idle_shared.remove(gpu, node)
+        if self.idle_shared is not self.idle_dedicated:
+            self.idle_shared.remove(gpu, node)
 
     def _gpu_order(self, gpu: GpuSlot) -> int:
         return self.order[gpu.node]
@@ -239,7 +294,8 @@ class Fleet:
             self.hosts.rekey(node.name, band)
         models = self._node_models(node)
         self.idle_dedicated.rekey(node, models)
-        self.idle_shared.rekey(node, models)
+        if self.idle_shared is not self.idle_dedicated:
+            self.idle_shared.rekey(node, models)
         for gpu in node.gpus:
             bucket = self.room.get(gpu.model, {}).get(gpu.free_milli)
             if bucket is not None and gpu.uuid in bucket:
@@ -248,11 +304,24 @@ class Fleet:
     def take_host(self, node: NodeSlot, request: Request) -> None:
         self.use_host(node, request.cpu_milli, request.memory_mib)
 
+    def _freed(self, node: NodeSlot, gpu: GpuSlot, before: int) -> None:
+        """``gpu``'s free thousandths went from ``before`` to what they are now: the totals follow."""
+        change = gpu.free_milli - before
+        self.model_free[gpu.model] += change
+        self.free_total += change
+        if before == WHOLE:
+            idle = self.idle_of[gpu.model]
+            idle[node.name] -= 1
+            if not idle[node.name]:
+                del idle[node.name]
+
     def take_whole(self, node: NodeSlot, gpus: list[GpuSlot], request: Request) -> None:
         for gpu in gpus:
             self._idle_remove(gpu, node)
+            before = gpu.free_milli
             gpu.dedicated = True
             gpu.used_milli = WHOLE
+            self._freed(node, gpu, before)
             self._frees.pop((node.name, gpu.model), None)
         self.use_host(node, request.cpu_milli, request.memory_mib)
 
@@ -262,7 +331,9 @@ class Fleet:
             self._idle_remove(gpu, node)
         else:
             self._room_drop(gpu)
+        before = gpu.free_milli
         gpu.used_milli += request.share_milli
+        self._freed(node, gpu, before)
         gpu.used_memory_mb += slice_memory(gpu, request)
         if gpu.mig is not None:
             mig_take(gpu, request.share_milli)
@@ -272,9 +343,21 @@ class Fleet:
 
     # -- questions -------------------------------------------------------------
     def models_for(self, request: Request) -> list[str]:
-        wanted = request.models
-        models = [m for m in wanted if m in self.model_memory] if wanted else list(self.model_memory)
-        return [m for m in models if self.model_memory[m] >= request.gpu_memory_mb]
+        key = (request.gpu_model, request.gpu_memory_mb)
+        found = self._models_for.get(key)
+        if found is None:
+            wanted = request.models
+            models = [m for m in wanted if m in self.model_memory] if wanted else list(self.model_memory)
+            found = self._models_for[key] = [m for m in models if self.model_memory[m] >= request.gpu_memory_mb]
+        return found
+
+    def _choices(self, request: Request) -> list[tuple[str, tuple[int, float]]]:
+        """The models ``request`` may use, each with its tier and price (see :meth:`_model_key`)."""
+        key = (request.gpu_model, request.gpu_memory_mb, self.avoid, self.needed)
+        found = self._choices_of.get(key)
+        if found is None:
+            found = self._choices_of[key] = [(m, self._model_key(m, request)) for m in self.models_for(request)]
+        return found
 
     def usable(self, gpu: GpuSlot, end_ms: float) -> bool:
         if not self.reserved:
@@ -295,25 +378,19 @@ class Fleet:
         mix = self.mix
         mix.refresh()  # the classes first, then their places
         gangs = {i: c for i, c in enumerate(mix.classes) if c[1] >= 2}
-        model_free: dict[str, int] = {}
-        free_total = 0
         places = [0] * len(mix.classes)
-        for node in self.hosts:
-            for model in self._node_models(node):
-                frees = self.frees(node, model)
-                free = sum(frees)
-                if not free:
-                    continue
-                model_free[model] = model_free.get(model, 0) + free
-                free_total += free
-                if not gangs or frees[-1] < WHOLE:
-                    continue
-                idle = frees.count(WHOLE)
-                for key, (_, count, _, cpu, memory, models) in gangs.items():
-                    if idle >= count and (not models or model in models) and node.host_fits(cpu, memory):
-                        places[key] += idle // count
-        mix.refresh(places, free_total)
-        self.needed = mix.needed(model_free, free_total)
+        if gangs:
+            fewest = min(c[1] for c in gangs.values())
+            for model, idle_nodes in self.idle_of.items():
+                for name, idle in idle_nodes.items():
+                    if idle < fewest:
+                        continue
+                    node = self.nodes[name]
+                    for key, (_, count, _, cpu, memory, models) in gangs.items():
+                        if idle >= count and (not models or model in models) and node.host_fits(cpu, memory):
+                            places[key] += idle // count
+        mix.refresh(places, self.free_total)
+        self.needed = mix.needed(self.model_free, self.free_total)
 
     def _node_models(self, node: NodeSlot) -> list[str]:
         models = self._models_of.get(node.name)
@@ -374,36 +451,53 @@ class Fleet:
         if need == 0:
             return self.find_host(request)
         best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
+        best5 = best6 = None  # the best key's first five and six terms (compared with the bounds)
         reserved = bool(self.reserved)
-        for model in self.models_for(request):
+        cpu, memory = request.cpu_milli, request.memory_mib
+        low = cpu.bit_length() if cpu > 0 else 0
+        per_gpu = max(1, need)
+        scarce = bool(self.mix.scarce)
+        for model, model_key in self._choices(request):
             buckets = self.idle_dedicated.buckets.get(model)
             if not buckets:
                 continue
-            model_key = self._model_key(model, request)
             if best is not None and model_key > best[0][:2]:
                 continue
             per_node = self.idle_dedicated.gpus[model]
             op = ("whole", need)
-            low = request.cpu_milli.bit_length() if request.cpu_milli > 0 else 0
-            for count in range(need, len(buckets)):
+            most = self.model_most[model]
+            model_memory = self.model_memory[model]
+            counts = self.idle_dedicated.counts[model]
+            for count in counts[bisect_left(counts, need) :]:
                 bucket = buckets[count]
-                if not bucket.size:
-                    continue
-                prefix = (*model_key, 0, 0, count != need)  # the best any node of this bucket can score
-                if best is not None and prefix > best[0][:5]:
+                # the best any node of this bucket can score (a bucket of the model's largest nodes holds
+                # only nodes with every GPU idle: fit 2)
+                fit_least = 0 if count == need else 2 if count == most else 1
+                if best is not None and (*model_key, 0, 0, fit_least, bucket.first) > best6:
                     continue  # nothing in this bucket can beat what we have
                 items = bucket.items
+                idle_left = count - need
+                # the CPU and memory the idle GPUs left would need (see _strands, inline below)
+                stranding = idle_left * cpu / per_gpu
+                stranding_memory = idle_left * memory / per_gpu
                 for band, entries in bucket.bands.items():
                     if band < low:
                         continue  # too little CPU free on every node of the band
+                    # every node of the band strands idle GPUs when even its most free CPU is short
+                    short = int(bool(idle_left) and band < 64 and (1 << band) - 1 - cpu < stranding)
+                    prefix = (*model_key, 0, short, fit_least)
+                    if best is not None and prefix > best5:
+                        continue  # nothing in this band can beat what we have
                     looked = missed = 0
-                    # beyond this place in the fleet's order nothing of the bucket beats the best
-                    limit = best[0][5] if best is not None and prefix == best[0][:5] else None
+                    # beyond this place in the fleet's order nothing of the band beats the best
+                    limit = best6[5] if best is not None and prefix == best5 else None
                     for order, name in entries:
                         if limit is not None and order > limit:
                             break
                         node = items[name][2]
-                        if not node.host_fits(request.cpu_milli, request.memory_mib):
+                        if (cpu and node.cpu_milli and node.used_cpu_milli + cpu > node.cpu_milli) or (
+                            memory and node.memory_mib and node.used_memory_mib + memory > node.memory_mib
+                        ):  # not node.host_fits(cpu, memory), inline: the hottest test of the scan
                             missed += 1
                             if missed >= MISSES_PER_BUCKET and best is not None:
                                 break
@@ -417,20 +511,28 @@ class Fleet:
                             if len(gpus) < need:
                                 continue
                         else:
-                            gpus = list(per_node[name].values())
-                        lost = self.scarce_lost(node, model, request, op)
-                        strands = _strands(node, count - need, request)
-                        fit = 0 if count == need else 2 if count == self._gpu_count(node, model) else 1
-                        key = (*model_key, lost, strands, fit, order, self.model_memory[model])
+                            gpus = None  # all of the node's idle GPUs of the model (listed if it is the best)
+                        lost = self.scarce_lost(node, model, request, op) if scarce else 0
+                        strands = 0  # _strands(node, idle_left, request), inline
+                        if idle_left:
+                            if node.cpu_milli and node.cpu_milli - node.used_cpu_milli - cpu < stranding:
+                                strands = 1
+                            elif node.memory_mib and node.memory_mib - node.used_memory_mib - memory < stranding_memory:
+                                strands = 1
+                        fit = fit_least if fit_least != 1 else 2 if count == self._gpu_count(node, model) else 1
+                        key = (*model_key, lost, strands, fit, order, model_memory)
                         if best is None or key < best[0]:
-                            best = (key, node, gpus)
-                            limit = best[0][5] if prefix == best[0][:5] else None
+                            best = (key, node, gpus if gpus is not None else per_node[name])
+                            best5, best6 = key[:5], key[:6]
+                            limit = order if prefix == best5 else None
                         looked += 1
                         if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
                             break
         if best is None:
             return None
         node, gpus = best[1], best[2]
+        if not isinstance(gpus, list):
+            gpus = list(gpus.values())  # all of the node's idle GPUs of the model
         gpus.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
         return node, gpus[:need]
 
@@ -463,55 +565,80 @@ class Fleet:
         that fit first; then idle GPUs, by the node's idle count), the lowest score (see the module's
         docstring)."""
         best: list = [None, None]  # key, GPU
-        for model in self.models_for(request):
-            model_key = self._model_key(model, request)
+        for model, model_key in self._choices(request):
             if best[0] is not None and model_key > best[0][:2]:
                 continue
             keys = self.room_keys.get(model)
             if keys:
                 buckets = self.room[model]
                 first = bisect_left(keys, request.share_milli)
+                share = request.share_milli
                 for free in keys[first : first + ROOM_KEYS]:
-                    if best[0] is not None and free != request.share_milli and (*model_key, 0, 0, 1) > best[0][:5]:
-                        break  # partial fits from here on: none beats what we have
-                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, shared=True)
+                    if best[0] is not None:
+                        if free != share and (*model_key, 0, 0, 1) > best[0][:5]:
+                            break  # partial fits from here on: none beats what we have
+                        if (*model_key, 0, 0, free != share, buckets[free].first) >= best[0]:
+                            continue  # every GPU of the bucket is later in the order than the best
+                    self._slice_scan(buckets[free], model, model_key, request, end_ms, best, True, int(free != share))
             buckets = self.idle_shared.buckets.get(model)
             if buckets:
-                for count in range(1, len(buckets)):
-                    if buckets[count].size:
-                        self._slice_scan(buckets[count], model, model_key, request, end_ms, best, shared=False)
+                most = self.model_most[model]
+                for count in self.idle_shared.counts[model]:
+                    bucket = buckets[count]
+                    fit_least = 2 if count == most else 1
+                    if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
+                        continue  # no node of the bucket can beat the best
+                    self._slice_scan(bucket, model, model_key, request, end_ms, best, False, fit_least)
         return best[1]
 
-    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, *, shared: bool) -> None:
+    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, shared: bool, fit_least: int) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
-        order, scored into ``best`` (stops at the first that loses no scarce place)."""
-        if best[0] is not None and not shared and (*model_key, 0, 0, 1) > best[0][:5]:
-            return  # an idle GPU (a partial fit at best) cannot beat what we have
+        order, scored into ``best`` (stops at the first that loses no scarce place). ``fit_least``: the
+        lowest fit a GPU of the bucket can score (a room bucket: 0 when its room is the slice's, else 1)."""
         per_node = None if shared else self.idle_shared.gpus[model]
         items = bucket.items
-        for entries in bucket.bands_for(request.cpu_milli):
+        cpu = request.cpu_milli
+        low = cpu.bit_length() if cpu > 0 else 0
+        share = request.share_milli
+        scarce = bool(self.mix.scarce)
+        for band, entries in bucket.bands.items():
+            if band < low:
+                continue  # too little CPU free on every node of the band
+            # the least strands any node of the band can score (idle GPUs left behind without the CPU)
+            strands_least = 0
+            if not shared:
+                strands_least = _strands_least(band, len(per_node[entries[0][1]]) - 1, cpu, 1)
+                if best[0] is not None and (*model_key, 0, strands_least, fit_least) > best[0][:5]:
+                    continue  # nothing in this band can beat what we have
             looked = missed = 0
             for order, name in entries:
                 item = items[name][2]
-                exact = not shared or item.free_milli != request.share_milli
-                if best[0] is not None and (*model_key, 0, 0, exact, order) >= best[0]:
+                exact = fit_least  # a room bucket: whether its room is more than the slice (the same for all)
+                if best[0] is not None and (*model_key, 0, strands_least, exact, order) >= best[0]:
                     break  # later in the order: no better than what we have
                 if shared:
                     gpu = item if self._slice_fits(item, request, end_ms) else None
-                else:
+                elif not item.host_fits(request.cpu_milli, request.memory_mib):
+                    gpu = None  # no GPU of the node fits (see _slice_fits)
+                else:  # a GPU kept for slices first
                     gpus = per_node[name].values()
-                    gpu = next(
-                        (g for g in gpus if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms)), None
-                    )
-                    if gpu is None:
-                        gpu = next((g for g in gpus if self._slice_fits(g, request, end_ms)), None)
+                    gpu = None
+                    for g in gpus:
+                        if g.reservation == SHARED_ONLY and self._slice_fits(g, request, end_ms):
+                            gpu = g
+                            break
+                    else:
+                        for g in gpus:
+                            if self._slice_fits(g, request, end_ms):
+                                gpu = g
+                                break
                 if gpu is None:
                     missed += 1
                     if missed >= MISSES_PER_BUCKET and best[0] is not None:
                         break
                     continue
                 node = self.nodes[gpu.node]
-                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, request.share_milli))
+                lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, share)) if scarce else 0
                 strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
                 fit = exact
                 if not shared and len(per_node[name]) == self._gpu_count(node, model):
@@ -524,13 +651,18 @@ class Fleet:
                     break
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:
-        if gpu.memory_mb - gpu.used_memory_mb < slice_memory(gpu, request):
+        # slice_memory(), NodeSlot.host_fits() and usable(), inline: the scans call this for every GPU
+        if gpu.memory_mb - gpu.used_memory_mb < (request.gpu_memory_mb or request.share_milli * gpu.memory_mb // WHOLE):
             return False
         if gpu.mig is not None and (not gpu.mig_free or gpu.mig_free[-1][0] < mig_need(gpu, request.share_milli)):
             return False  # MIG: only a free instance that holds the slice
-        if not self.nodes[gpu.node].host_fits(request.cpu_milli, request.memory_mib):
+        node = self.nodes[gpu.node]
+        cpu, memory = request.cpu_milli, request.memory_mib
+        if (cpu and node.cpu_milli and node.used_cpu_milli + cpu > node.cpu_milli) or (
+            memory and node.memory_mib and node.used_memory_mib + memory > node.memory_mib
+        ):
             return False
-        return self.usable(gpu, end_ms)
+        return not self.reserved or self.usable(gpu, end_ms)
 
 
 def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
@@ -544,6 +676,14 @@ def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
     if node.cpu_milli and cpu_left < idle_left * request.cpu_milli / per_gpu:
         return 1
     return int(bool(node.memory_mib) and memory_left < idle_left * request.memory_mib / per_gpu)
+
+
+def _strands_least(band: int, idle_left: int, cpu_milli: int, per_gpu: int) -> int:
+    """1 if every node of CPU ``band`` (see :func:`cpu_band`) strands (see :func:`_strands`) idle GPUs when a
+    request of ``cpu_milli`` leaves ``idle_left`` of them: even the most free CPU the band holds is short."""
+    if not idle_left or band >= 64:
+        return 0
+    return int((1 << band) - 1 - cpu_milli < idle_left * cpu_milli / per_gpu)
 
 
 def slice_memory(gpu: GpuSlot, request: Request) -> int:
