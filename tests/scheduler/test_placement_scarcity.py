@@ -203,7 +203,11 @@ def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_
             running(x.job_id, x.node, [int(u.rsplit("g", 1)[1]) for u in x.gpu_uuids], share=x.share_milli)
             for x in earlier
         ]
-        trial = plan(copy.deepcopy(nodes), [elsewhere], running=held)
-        assert not trial.placements, (
-            f"job {request.job_id} went to {model}, which waiting job(s) need, while {trial.placements} fit"
+        # The jobs ahead of it that waited are in the trial too: the first of them holds free GPUs
+        # for itself (backfill), which the job may not take even on another model.
+        ahead = [r for r in queue if order[r.job_id] < order[request.job_id] and r.job_id in result.pending]
+        trial = plan(copy.deepcopy(nodes), [*ahead, elsewhere], running=held)
+        trial_placed = [p for p in trial.placements if p.job_id == 10_000]
+        assert not trial_placed, (
+            f"job {request.job_id} went to {model}, which waiting job(s) need, while {trial_placed} fit"
         )
