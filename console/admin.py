@@ -22,7 +22,7 @@ from agents.models import Gpu, Node
 from billing.models import Price
 from gpushare.admin import ReadOnlyAdminMixin, UnscopedAdminMixin
 from scheduler.models import JobKind, PriorityClass, SchedulerSettings
-from scheduler.rules import RuleError, scheduler_settings_update
+from scheduler.rules import SCHEDULER_KNOBS, RuleError, scheduler_settings_update
 
 from . import replay, services
 from .rules import ClassDraft, RuleSet, rules_problems
@@ -363,14 +363,7 @@ _take_over(AuditLog, AuditLogAdmin)
 class SchedulerSettingsAdmin(admin.ModelAdmin):
     """The scheduler's knobs, one row; saved through scheduler.rules.scheduler_settings_update (audited)."""
 
-    fields = [
-        "fair_share_half_life_s",
-        "default_max_runtime_s",
-        "backfill",
-        "defrag",
-        "defrag_min_interval_s",
-        "defrag_min_gain_s",
-    ]
+    fields = list(SCHEDULER_KNOBS)
     list_display = ["__str__", "fair_share_half_life_s", "default_max_runtime_s", "backfill", "defrag", "updated_at"]
 
     def has_add_permission(self, request):

@@ -234,6 +234,17 @@ def tenant_weight_set(*, actor, tenant: Tenant, weight) -> TenantShare:
     return share
 
 
+# The scheduler's settings an operator sets (SchedulerSettings' fields; the console's form shows these).
+SCHEDULER_KNOBS = (
+    "fair_share_half_life_s",
+    "default_max_runtime_s",
+    "backfill",
+    "defrag",
+    "defrag_min_interval_s",
+    "defrag_min_gain_s",
+)
+
+
 @transaction.atomic
 def scheduler_settings_update(
     *,
@@ -246,15 +257,7 @@ def scheduler_settings_update(
     defrag_min_gain_s: int | None = None,
 ) -> SchedulerSettings:
     conf = settings_get()
-    knobs = (
-        "fair_share_half_life_s",
-        "default_max_runtime_s",
-        "backfill",
-        "defrag",
-        "defrag_min_interval_s",
-        "defrag_min_gain_s",
-    )
-    before = {name: getattr(conf, name) for name in knobs}
+    before = {name: getattr(conf, name) for name in SCHEDULER_KNOBS}
     if fair_share_half_life_s is not None:
         conf.fair_share_half_life_s = _int(fair_share_half_life_s, "fair_share_half_life_s", low=1)
     if default_max_runtime_s is not None:
@@ -272,7 +275,7 @@ def scheduler_settings_update(
     if defrag_min_gain_s is not None:
         conf.defrag_min_gain_s = _int(defrag_min_gain_s, "defrag_min_gain_s", low=0)
     conf.save()
-    after = {name: getattr(conf, name) for name in knobs}
+    after = {name: getattr(conf, name) for name in SCHEDULER_KNOBS}
     audit_record(actor=actor, tenant=None, action="scheduler.settings", target="scheduler", before=before, after=after)
     schedule_soon()
     return conf

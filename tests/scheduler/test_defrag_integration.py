@@ -4,30 +4,15 @@ placed again on the L4s, and a 2 x H100 job that waited only on their spread sta
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from django_scopes import scopes_disabled
 
 from scheduler.models import Allocation, Job, JobEvent, JobMove, JobState, PriorityClass
 from scheduler.rules import priority_class_update
 from tests.factories import TenantFactory, wait_for
+from tests.scheduler.integration_helpers import models_of, submit
 
 pytestmark = pytest.mark.integration
-
-HOLD = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-
-def submit(platform, session, **body) -> int:
-    response = session.post(f"{platform.url}/api/v1/jobs/", json={"command": HOLD, **body}, timeout=15)
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def models_of(job_id: int) -> list[str]:
-    with scopes_disabled():
-        rows = Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
-        return sorted(rows.values_list("gpu__model", flat=True))
 
 
 def gpu_of(job_id: int) -> str:

@@ -3,30 +3,15 @@ with simulated GPUs): `make run`'s fleet, priced as the demo seeds it."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from django_scopes import scopes_disabled
 
 from console.management.commands.seed_demo import prices_ensure
-from scheduler.models import Allocation, Job, JobState
+from scheduler.models import Job, JobState
 from tests.factories import TenantFactory, wait_for
+from tests.scheduler.integration_helpers import models_of, submit
 
 pytestmark = pytest.mark.integration
-
-HOLD = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def submit(platform, session, **body) -> int:
-    response = session.post(f"{platform.url}/api/v1/jobs/", json={"command": HOLD, **body}, timeout=15)
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def models_of(job_id: int) -> list[str]:
-    with scopes_disabled():
-        rows = Allocation.objects.filter(job_id=job_id, released_at__isnull=True)
-        return sorted(rows.values_list("gpu__model", flat=True))
 
 
 def test_make_run_fleet_a_quarter_slice_lands_on_an_l4_and_a_two_h100_job_starts_at_once(platform, agent_factory):
