@@ -124,22 +124,24 @@ def docker_binary(docker: str) -> str | None:
     return shutil.which(docker, path=DOCKER_CLI_ENV["PATH"])
 
 
-def docker_available(docker: str) -> bool:
-    """Whether a docker CLI is installed and its engine answers."""
+def docker_cli(docker: str, *args: str) -> subprocess.CompletedProcess | str:
+    """Run the docker CLI (found on the fixed PATH, with the fixed environment): its result, or why it
+    could not run."""
     exe = docker_binary(docker)
     if exe is None:
-        return False
+        return f"no docker CLI {docker!r}"
     try:
-        result = subprocess.run(
-            [exe, "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            timeout=15,
-            check=False,
-            env=docker_cli_env(dict(os.environ)),
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=15, check=False, env=docker_cli_env(dict(os.environ))
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+
+
+def docker_available(docker: str) -> bool:
+    """Whether a docker CLI is installed and its engine answers."""
+    result = docker_cli(docker, "version", "--format", "{{.Server.Version}}")
+    return not isinstance(result, str) and result.returncode == 0
 
 
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
@@ -154,21 +156,10 @@ def container_network_problem(docker: str, network: str) -> str:
     name = network or "bridge"
     if name in ("none", "host"):
         return ""
-    exe = docker_binary(docker)
-    if exe is None:
-        return f"no docker CLI {docker!r} to inspect network {name!r} with"
     template = '{{.Driver}} {{index .Options "' + ICC_OPTION + '"}}'
-    try:
-        result = subprocess.run(
-            [exe, "network", "inspect", "--format", template, "--", name],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            check=False,
-            env=docker_cli_env(dict(os.environ)),
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"could not inspect docker network {name!r}: {exc}"
+    result = docker_cli(docker, "network", "inspect", "--format", template, "--", name)
+    if isinstance(result, str):
+        return f"could not inspect docker network {name!r}: {result}"
     if result.returncode != 0:
         return f"could not inspect docker network {name!r}: {result.stderr.strip()[:200]}"
     driver, _, icc = result.stdout.strip().partition(" ")
