@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import DecimalField, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -206,17 +207,20 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 # --- counts -------------------------------------------------------------------------------------------
 
 
+_JOB_COUNTS_SQL = f"""
+    SELECT count(*), count(*) FILTER (WHERE state = %s)
+      FROM {Job._meta.db_table}
+     WHERE tenant_id = %s AND state IN ({", ".join(["%s"] * len(OPEN_STATES))})"""
+
+
 @acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
-    """(unfinished jobs, queued jobs) of the tenant, replicas included."""
-    from django.db.models import Count, Q
-
-    row = (
-        Job.objects.filter(tenant_id=tenant.pk)
-        .filter(state__in=OPEN_STATES)
-        .aggregate(open=Count("pk"), queued=Count("pk", filter=Q(state=JobState.QUEUED)))
-    )
-    return row["open"], row["queued"]
+    """(unfinished jobs, queued jobs) of the tenant, replicas included: a range of the (tenant, state)
+    index, written out (the ORM spent ~1 ms building the aggregate, on every submit)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_JOB_COUNTS_SQL, [JobState.QUEUED, tenant.pk, *sorted(OPEN_STATES)])
+        open_jobs, queued = cursor.fetchone()
+    return open_jobs, queued
 
 
 @acts_for_tenant

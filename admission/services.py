@@ -40,7 +40,7 @@ from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
 from scheduler.admission import JobAsk
-from scheduler.services import JobError
+from scheduler.services import AdmitAgain, JobError
 from webhooks import emit as webhook_emit
 
 from . import selectors
@@ -84,23 +84,28 @@ def in_flight_bound() -> int:
     return _in_flight_bound
 
 
+# tenant id -> (open, queued) as this process last counted them under the lock, plus what it admitted
+# then: the unlocked look of the tenant's next submit here, in place of a count of its own. Only a hint
+# (other processes' jobs are not in it): the count under the lock decides, and a submit it misleads
+# into the shared path near a limit is admitted again, exactly (``AdmitAgain``), with the hint renewed.
+_counts_last: dict[int, tuple[int, int]] = {}
+
+
 def _counts_admitted(tenant: Tenant, limits, ask: JobAsk, *, exact: bool) -> None:
     """Lock and check the open/queued counts: exactly (exclusive), or with room for every
     transaction that could be admitting alongside (shared)."""
-    if exact:
-        _tenant_admission_lock(tenant.pk)
-        open_jobs, queued = selectors.job_counts(tenant)
-        _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
-        return
-    _tenant_admission_lock(tenant.pk, shared=True)
-    room = in_flight_bound()
+    _tenant_admission_lock(tenant.pk, shared=not exact)
     open_jobs, queued = selectors.job_counts(tenant)
+    _counts_last[tenant.pk] = (open_jobs + ask.count, queued + ask.count)
+    _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
+    if exact:
+        return
+    room = in_flight_bound()
     if count_refusal(limits, open_jobs=open_jobs + room, queued_jobs=queued + room, count=ask.count) is not None:
-        # An array admitted between the unlocked look and this lock brought the counts near a limit;
-        # a shared holder cannot wait for the others (they would deadlock), so the client retries.
-        raise JobError(
-            "the tenant's job count reached the edge of its limit while this submit was admitted; retry it",
-            code="conflict",
+        # Near a limit since the unlocked look (an array, another process's submits): this cannot be
+        # proved to fit without waiting for the others, which a shared holder cannot do.
+        raise AdmitAgain(
+            "the tenant's job count reached the edge of its limit while this submit was admitted; retry it"
         )
 
 
@@ -120,7 +125,7 @@ def _needs_exact(tenant: Tenant, limits, ask: JobAsk) -> bool:
     if limits.max_open_jobs is None and limits.max_queued_jobs is None:
         return False
     margin = 2 * in_flight_bound()
-    open_jobs, queued = selectors.job_counts(tenant)
+    open_jobs, queued = _counts_last.get(tenant.pk) or selectors.job_counts(tenant)
     return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
 
 

@@ -63,11 +63,7 @@ def job_array_submit(
         }
         # One submission time for the whole array; the id orders the tasks within it (index order).
         task_ids = tasks_insert(Job(**common), array.indices)
-        rows_insert(
-            JobEvent,
-            ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"),
-            [(tenant.pk, job_id, now, "", JobState.QUEUED, "submitted") for job_id in task_ids],
-        )
+        submitted_events_insert(tenant_id=tenant.pk, at=now, job_ids=task_ids)
     schedule_soon()
     return job_array
 
@@ -75,28 +71,51 @@ def job_array_submit(
 def tasks_insert(template: Job, indices) -> list[int]:
     """Insert one job per index, copies of ``template`` but for ``array_index``; their ids in index order.
 
-    PostgreSQL: the row is prepared once from the model's own fields and defaults (so a column added
-    to Job later is covered) and written with one ``INSERT ... VALUES ... RETURNING id`` per 2,000
-    tasks (bulk_create prepares every instance: ~10x slower for a 1,000-task array). Elsewhere
-    bulk_create.
+    PostgreSQL: the template's values are sent once, read from the model's own fields and defaults (so
+    a column added to Job later is covered), and the server makes one row per element of the index
+    array (``INSERT ... SELECT ... FROM unnest(...)``): for 1,000 tasks ~15 ms, where sending 1,000 rows
+    of values cost ~60-130 ms, most of it building them in Python. Elsewhere bulk_create.
     """
-    if connection.vendor != "postgresql":
-        values = {f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields if not f.primary_key}
-        tasks = [Job(**{**values, "array_index": i}) for i in indices]
-        return [t.pk for t in Job.objects.bulk_create(tasks, batch_size=500)]
-    from psycopg2.extras import execute_values
-
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    at = fields.index(Job._meta.get_field("array_index"))
+    indices = list(indices)
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key and f.attname != "array_index"]
     for f in fields:
         if getattr(f, "auto_now_add", False) and getattr(template, f.attname) is None:
             setattr(template, f.attname, timezone.now())
-    row = [f.get_db_prep_save(getattr(template, f.attname), connection) for f in fields]
-    rows = [(*row[:at], index, *row[at + 1 :]) for index in indices]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    sql = f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({columns}) VALUES %s RETURNING id"
+    if connection.vendor != "postgresql":
+        values = {f.attname: getattr(template, f.attname) for f in fields}
+        tasks = [Job(**{**values, "array_index": i}) for i in indices]
+        return [t.pk for t in Job.objects.bulk_create(tasks, batch_size=500)]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    # Cast each value to its column's type: the SELECT list, unlike VALUES, does not take it from the target.
+    values = ", ".join(f"%s::{f.cast_db_type(connection)}" for f in fields)
+    sql = (
+        f"INSERT INTO {quote(Job._meta.db_table)} ({columns}, {quote('array_index')}) "
+        f"SELECT {values}, t.i FROM unnest(%s::integer[]) WITH ORDINALITY AS t(i, n) ORDER BY t.n "
+        f"RETURNING id, {quote('array_index')}"
+    )
+    params = [f.get_db_prep_save(getattr(template, f.attname), connection) for f in fields]
     with connection.cursor() as cursor:
-        return [r[0] for r in execute_values(cursor.cursor, sql, rows, page_size=2000, fetch=True)]
+        cursor.execute(sql, [*params, indices])
+        id_of = {index: pk for pk, index in cursor.fetchall()}
+    return [id_of[i] for i in indices]
+
+
+def submitted_events_insert(*, tenant_id: int, at, job_ids: list[int]) -> None:
+    """The "submitted" event of each new task, made by the server from the list of ids."""
+    if connection.vendor != "postgresql":
+        rows_insert(
+            JobEvent,
+            ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"),
+            [(tenant_id, job_id, at, "", JobState.QUEUED, "submitted") for job_id in job_ids],
+        )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {JobEvent._meta.db_table} (tenant_id, job_id, at, from_state, to_state, detail) "
+            "SELECT %s, j, %s, '', %s, 'submitted' FROM unnest(%s::bigint[]) AS j",
+            [tenant_id, at, JobState.QUEUED, job_ids],
+        )
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ def _existing(*, tenant: Tenant, key: str, digest: str) -> Job | None:
     return job
 
 
+@services.admitted_again_once
 @acts_for_tenant
 def job_submit_idempotent(*, tenant: Tenant, user, spec: services.JobSpec, idempotency_key: str) -> Submitted:
     """Submit ``spec`` once per (tenant, key); a replay returns the original job."""

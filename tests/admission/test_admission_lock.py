@@ -146,3 +146,56 @@ def test_a_shared_admission_that_finds_the_counts_at_the_edge_asks_for_a_retry(t
     # The exact path admits the same job: there is room for it.
     with transaction.atomic():
         admission_services._counts_admitted(tenant, limits_for(tenant), ask, exact=True)
+
+
+def jobs_added_elsewhere(tenant, count: int) -> None:
+    """``count`` queued jobs written past this process's admission (as another web process would)."""
+    with scopes_disabled():
+        template = Job.objects.filter(tenant=tenant).first()
+        Job.objects.bulk_create(
+            Job(
+                tenant=tenant,
+                kind=template.kind,
+                mode=template.mode,
+                gpu_milli=template.gpu_milli,
+                command=["true"],
+                priority=template.priority,
+                max_runtime_s=60,
+            )
+            for _ in range(count)
+        )
+
+
+def test_a_submit_a_stale_hint_sends_down_the_shared_path_near_a_limit_is_admitted_again_exactly(tenant):
+    """The unlocked look reads the counts this process saw last (a hint, not a query). Jobs other
+    processes added since make it stale: the submit takes the shared path, its count under the lock
+    finds it within the in-flight bound of the limit, and it is run again, exactly, and admitted."""
+    bound = admission_services.in_flight_bound()
+    quota_set(tenant=tenant, actor=None, max_open_jobs=3 * bound)
+    job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert admission_services._counts_last[tenant.pk] == (1, 1)
+    jobs_added_elsewhere(tenant, 2 * bound)
+
+    job_submit(tenant=tenant, user=None, spec=SPEC)  # no error: the second admission was exact
+    assert open_jobs(tenant) == 2 * bound + 2
+    assert admission_services._counts_last[tenant.pk] == (2 * bound + 2, 2 * bound + 2)
+
+    # Inside a caller's transaction the shared lock stays until that one ends: the caller retries (409).
+    admission_services._counts_last[tenant.pk] = (1, 1)
+    with pytest.raises(JobError) as refused, transaction.atomic():
+        job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert refused.value.code == "conflict" and "retry" in str(refused.value)
+    assert open_jobs(tenant) == 2 * bound + 2
+
+
+def test_a_limit_already_passed_refuses_with_the_rule_on_the_shared_path_too(tenant):
+    """Counts that pass the limit with nothing else in flight are a refusal, not a race: the rule
+    is named at once (403), even where the submit cannot be run again (a caller's transaction)."""
+    bound = admission_services.in_flight_bound()
+    quota_set(tenant=tenant, actor=None, max_open_jobs=3 * bound)
+    job_submit(tenant=tenant, user=None, spec=SPEC)
+    jobs_added_elsewhere(tenant, 3 * bound - 1)
+    admission_services._counts_last[tenant.pk] = (1, 1)
+    with pytest.raises(JobError) as refused, transaction.atomic():
+        job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert refused.value.code == "quota_exceeded" and f"max_open_jobs is {3 * bound}" in str(refused.value)
