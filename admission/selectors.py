@@ -37,7 +37,7 @@ from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
 from scheduler.admission import TenantCaps
-from scheduler.models import OPEN_STATES, Job, JobState
+from scheduler.models import OPEN_STATES, Job, JobState, OpenJob
 
 # --- the month ----------------------------------------------------------------------------------------
 
@@ -209,16 +209,21 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 
 _JOB_COUNTS_SQL = f"""
     SELECT count(*), count(*) FILTER (WHERE state = %s)
-      FROM {Job._meta.db_table}
+      FROM {{table}}
      WHERE tenant_id = %s AND state IN ({", ".join(["%s"] * len(OPEN_STATES))})"""
 
 
 @acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
-    """(unfinished jobs, queued jobs) of the tenant, replicas included: a range of the (tenant, state)
-    index, written out (the ORM spent ~1 ms building the aggregate, on every submit)."""
+    """(unfinished jobs, queued jobs) of the tenant, replicas included: on PostgreSQL a range of the narrow
+    table of unfinished jobs (``OpenJob``, kept by triggers), whose cost does not grow with the tenant's
+    history; elsewhere the same count on the jobs."""
+    table = OpenJob if connection.vendor == "postgresql" else Job
     with connection.cursor() as cursor:
-        cursor.execute(_JOB_COUNTS_SQL, [JobState.QUEUED, tenant.pk, *sorted(OPEN_STATES)])
+        cursor.execute(
+            _JOB_COUNTS_SQL.format(table=table._meta.db_table),
+            [JobState.QUEUED, tenant.pk, *sorted(OPEN_STATES)],
+        )
         open_jobs, queued = cursor.fetchone()
     return open_jobs, queued
 

@@ -14,7 +14,7 @@ from django.db.models.expressions import RawSQL
 from accounts.tenancy import tenant_id_of, tenant_scope
 from agents.models import Gpu
 
-from ..models import Allocation, Job, JobState, PriorityClass, QueuedJob
+from ..models import Allocation, Job, JobState, OpenJob, PriorityClass
 
 MAX_METRIC_POINTS = 500
 
@@ -22,18 +22,18 @@ MAX_METRIC_POINTS = 500
 def _queue_position_sql() -> str:
     """SQL for a job row's queue position (1-based; NULL unless queued): the queued jobs of higher
     classes, plus those of the same rank submitted before it. On PostgreSQL both counts are range
-    scans of the narrow queue table (``QueuedJob``: queued jobs only, kept by triggers) by class,
-    submission time and id, so the cost is the number of queued jobs ahead of it, never the size of
+    scans of the narrow table of unfinished jobs (``OpenJob``, kept by triggers; its queued rows by class,
+    submission time and id), so the cost is the number of queued jobs ahead of it, never the size of
     the job table nor its history; elsewhere the same counts over the jobs."""
     job, classes = Job._meta.db_table, PriorityClass._meta.db_table
     rank = f"(SELECT r.rank FROM {classes} r WHERE r.id = {job}.priority_id)"
     if connection.vendor == "postgresql":
-        queue = QueuedJob._meta.db_table
+        queue = OpenJob._meta.db_table
 
         def ahead(op: str) -> str:
             # = ANY(ARRAY(...)) makes the class the index's leading key (a range per class).
-            return f"""(SELECT count(*) FROM {queue} q
-                WHERE q.priority_id = ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} {rank}))"""
+            return f"""(SELECT count(*) FROM {queue} q WHERE q.state = 'queued'
+                AND q.priority_id = ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} {rank}))"""
 
         return f"""CASE WHEN {job}.state = 'queued' THEN 1 + {ahead(">")})
             + {ahead("=")} AND (q.submitted_at, q.job_id) < ({job}.submitted_at, {job}.id)) END"""

@@ -1,0 +1,110 @@
+"""The narrow table of unfinished jobs (``OpenJob``) is kept by PostgreSQL triggers: after every kind
+of change a job goes through, it holds exactly the open jobs with their tenant, class, submission time
+and state; the queue positions the API shows and the counts admission checks (both read from it) are
+those of the jobs themselves."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django_scopes import scopes_disabled
+
+from admission.selectors import job_counts
+from console.services import job_priority_change
+from scheduler.api.selectors import queue_positions
+from scheduler.array_services import job_array_cancel, job_array_submit
+from scheduler.arrays import array_parse
+from scheduler.models import OPEN_STATES, Job, JobState, OpenJob, PriorityClass
+from scheduler.services import JobSpec, job_cancel, job_exited, job_started, schedule_pass
+from tests.scheduler.conftest import node_add, submit
+
+pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="the triggers are PostgreSQL's")
+
+
+def table_rows() -> set[tuple]:
+    with scopes_disabled():
+        return set(OpenJob.objects.values_list("job_id", "tenant_id", "priority_id", "submitted_at", "state"))
+
+
+def open_jobs() -> set[tuple]:
+    with scopes_disabled():
+        rows = Job.objects.filter(state__in=OPEN_STATES)
+        return set(rows.values_list("pk", "tenant_id", "priority_id", "submitted_at", "state"))
+
+
+def ranking() -> dict[int, int]:
+    """Every queued job's place, computed in Python: higher class first, then first come."""
+    with scopes_disabled():
+        jobs = list(Job.objects.filter(state=JobState.QUEUED).values_list("pk", "priority__rank", "submitted_at"))
+    ordered = sorted(jobs, key=lambda j: (-j[1], j[2], j[0]))
+    return {pk: place for place, (pk, _, _) in enumerate(ordered, start=1)}
+
+
+def assert_table_true(tenants):
+    assert table_rows() == open_jobs()
+    shown = {}
+    for tenant in tenants:
+        with scopes_disabled():
+            ids = list(Job.objects.filter(tenant=tenant).values_list("pk", flat=True))
+            counted = (
+                Job.objects.filter(tenant=tenant, state__in=OPEN_STATES).count(),
+                Job.objects.filter(tenant=tenant, state=JobState.QUEUED).count(),
+            )
+        assert job_counts(tenant) == counted
+        shown.update(queue_positions(tenant=tenant, job_ids=ids))
+    assert shown == ranking()
+
+
+def test_the_table_follows_every_change_of_a_job(sched, tenant, other_tenant, django_user_model):
+    node = node_add("n1", 2)
+    a = [submit(tenant, gpus=1) for _ in range(3)]
+    b = [submit(other_tenant, gpus=0.25, priority="preemptible") for _ in range(2)]
+    spec = JobSpec(kind="inference", gpu_milli=250, command=["true"])
+    array = job_array_submit(tenant=other_tenant, user=None, spec=spec, array=array_parse({"count": 4}))
+    assert len(table_rows()) == 9
+    assert_table_true([tenant, other_tenant])
+
+    schedule_pass()  # placements: queued -> scheduled
+    with scopes_disabled():
+        placed = list(Job.objects.filter(state=JobState.SCHEDULED))
+    assert placed and {row[4] for row in table_rows()} == {JobState.QUEUED, JobState.SCHEDULED}
+    assert_table_true([tenant, other_tenant])
+
+    now_ms = int(time.time() * 1000)
+    job_started(node=node, job_id=placed[0].pk, attempt=placed[0].attempt, at_ms=now_ms)  # -> running
+    assert_table_true([tenant, other_tenant])
+    job_exited(node=node, job_id=placed[0].pk, attempt=placed[0].attempt, exit_code=0, at_ms=now_ms + 10)
+    assert placed[0].pk not in {row[0] for row in table_rows()}  # finished: gone
+    assert_table_true([tenant, other_tenant])
+
+    job_cancel(job=a[2], reason="test")  # queued -> cancelled
+    job_array_cancel(array=array)  # one UPDATE of the array's queued tasks
+    assert_table_true([tenant, other_tenant])
+
+    operator = django_user_model.objects.create(username="op", is_staff=True, is_superuser=True)
+    highest = PriorityClass.objects.order_by("-rank").first()
+    with scopes_disabled():
+        waiting = Job.objects.filter(state=JobState.QUEUED).order_by("pk").last()
+    job_priority_change(job=waiting, priority=highest, actor=operator)  # moves it up the queue
+    assert_table_true([tenant, other_tenant])
+    assert ranking()[waiting.pk] == 1
+
+    with scopes_disabled():
+        Job.objects.filter(pk=b[0].pk).update(submitted_at=b[0].submitted_at - timedelta(days=1))
+        Job.objects.filter(state=JobState.SCHEDULED).update(state=JobState.QUEUED)  # back to the queue
+        Job.objects.filter(pk=b[1].pk).update(pending_reason="rewritten")  # not a change the table follows
+    assert_table_true([tenant, other_tenant])
+
+    with scopes_disabled():
+        Job.objects.filter(pk=b[0].pk).delete()
+    assert b[0].pk not in {row[0] for row in table_rows()}
+    assert_table_true([tenant, other_tenant])
+
+
+def test_the_triggers_know_the_open_states_the_application_does():
+    migration = importlib.import_module("scheduler.migrations.0006_open_jobs")
+    assert migration.OPEN == "(" + ", ".join(f"'{s}'" for s in sorted(OPEN_STATES, key=list(JobState).index)) + ")"
