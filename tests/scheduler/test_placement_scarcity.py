@@ -82,6 +82,29 @@ def test_the_few_nodes_that_host_the_largest_gangs_are_broken_last():
     assert plain.placements[0].node == "b"  # exact fit first: b has one idle GPU
 
 
+def test_a_rare_gang_that_only_the_largest_nodes_host_keeps_them_whole():
+    # Two 128-core nodes first in the fleet's order, then 96-core ones. Recent work: a dozen shapes, 88-core
+    # 8-GPU gangs (any node hosts one) and, rarer, 120-core ones (only the two 128-core nodes host one). A
+    # single GPU goes to a 96-core node: the 120-core gangs are a class of their own (not the 88-core
+    # gangs' class, which every node hosts), kept in the mix however rare, and scarce.
+    def host(name: str, cores: int) -> NodeSlot:
+        n = node(name, 8)
+        n.cpu_milli, n.memory_mib = cores * 1000, 1_048_576
+        return n
+
+    def fleet() -> list[NodeSlot]:
+        return [host("big0", 128), host("big1", 128)] + [host(f"n{i}", 96) for i in range(10)]
+
+    shapes = [shr(0, milli, cpu_milli=4000) for milli in range(100, 1000, 100)]
+    shapes += [ded(0, 1, cpu_milli=8000), ded(0, 2, cpu_milli=16_000), ded(0, 4, cpu_milli=32_000)]
+    recent = tuple(shapes * 4 + [ded(0, 8, cpu_milli=88_000)] * 3 + [ded(0, 8, cpu_milli=120_000)] * 2)
+    result = plan(fleet(), [ded(1, 1, cpu_milli=8000)], policy=Policy(recent=recent))
+    assert result.placements[0].node == "n0"
+    # with no 8-GPU gangs in the mix, the fleet's order decides
+    plain = plan(fleet(), [ded(1, 1, cpu_milli=8000)], policy=Policy(recent=tuple(shapes * 4)))
+    assert plain.placements[0].node == "big0"
+
+
 def test_a_slice_keeps_to_partly_used_gpus_before_opening_a_whole_node():
     nodes = [node("empty", 8), node("used", 8)]
     result = plan(nodes, [shr(1, 500)], running=[running(90, "used", [0, 1, 2])])
