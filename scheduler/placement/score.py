@@ -80,6 +80,7 @@ class Mix:
         self.scarce_smallest: dict[str, int] = {}
         self.constrained: dict[str, float] = {}  # model -> share of GPU demand that may only run on a set with it
         self.version = 0
+        self.least_cpu = 0.0  # see refresh
         self._next_refresh = 1
 
     def add(self, request: Request, weight: float = 1.0) -> None:
@@ -135,6 +136,9 @@ class Mix:
             classes.append((share * boost, count, milli, cpu, memory, frozenset(models)))
             scarcity.append(places is not None and count >= 2 and demand and expected_ratio >= SCARCE_AT)
         self.classes = classes
+        # the least CPU per GPU that whole-GPU work of the mix asks for (a slice that leaves an idle GPU less
+        # strands it: see Fleet's slice scan)
+        self.least_cpu = min((c[3] / c[1] for c in classes if c[1] >= 1 and c[2] == WHOLE and c[3]), default=0.0)
         # The scarce classes: fewer places left than requests of them expected. The fragmentation the
         # core scores is against these.
         self.scarce = [c for c, scarce in zip(classes, scarcity, strict=True) if scarce]

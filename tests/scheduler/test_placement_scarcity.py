@@ -111,6 +111,24 @@ def test_a_slice_keeps_to_partly_used_gpus_before_opening_a_whole_node():
     assert result.placements[0].node == "used"
 
 
+def test_a_slice_does_not_leave_an_idle_gpu_without_the_cpu_whole_gpu_work_needs():
+    # Recent whole-GPU work asks for 10 cores a GPU at the least. A 4-core slice on "a" (first in the
+    # fleet's order) would leave its other GPU idle with 8 cores: enough for another such slice, not for a
+    # whole GPU; on "b" the idle GPU keeps 36 cores.
+    def host(name: str, cores: int) -> NodeSlot:
+        n = node(name, 2)
+        n.cpu_milli, n.memory_mib = cores * 1000, 262_144
+        return n
+
+    recent = tuple([ded(0, 1, cpu_milli=10_000), ded(0, 1, cpu_milli=16_000)] * 3)
+    slice_ = shr(1, 500, cpu_milli=4000)
+    result = plan([host("a", 12), host("b", 40)], [slice_], policy=Policy(recent=recent))
+    assert result.placements[0].node == "b"
+    # with no whole-GPU work in the mix, the fleet's order decides
+    plain = plan([host("a", 12), host("b", 40)], [slice_], policy=Policy(recent=(shr(0, 250, cpu_milli=2000),)))
+    assert plain.placements[0].node == "a"
+
+
 def test_cpu_only_requests_go_to_nodes_without_gpus_first():
     cpu = NodeSlot(name="cpu", gpus=[], cpu_milli=32_000, memory_mib=65_536)
     gpu = node("gpu", 2)
