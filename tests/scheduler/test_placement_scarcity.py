@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.placement import GpuSlot, NodeSlot, Policy, Request, Session, plan
@@ -210,8 +210,18 @@ def scarce_cases(draw):
     return nodes, busy, queue
 
 
+# Found by Hypothesis: job 4 (4 GPUs) waits and holds n2's L4s for itself (they free first); job 5 then takes
+# an H100. The trial must give jobs 1-3 the end the pass gave them, or the hold moves to n1 and n2 looks free.
+BACKFILL_HOLD = (
+    [node("n0", 1, H100), node("n1", 4, L4), node("n2", 4, L4), node("n3", 1, H100)],
+    [running(900, "n1", [0]), running(901, "n2", [0])],
+    [ded(i, 4 if i == 4 else 1, at=i) for i in range(1, 7)] + [ded(7, 1, gpu_model="H100-80GB", at=7)],
+)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scarce_cases())
+@example(BACKFILL_HOLD)
 def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_while_another_fits(case):
     """A job that names no model is placed on a model that a constrained job of its class, waiting at that
     moment (behind it in the queue, or ahead of it and not placed), needs only when no other model could
@@ -240,8 +250,17 @@ def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_
         if not others:
             continue
         elsewhere = Request(**{**request.__dict__, "gpu_model": others, "job_id": 10_000})
+        # what it placed before runs until the end the pass gave it (the policy's runtime from now): the
+        # first waiting job's reservation goes where GPUs free first, as in the pass
+        by_id = {r.job_id: r for r in queue}
         held = list(busy) + [
-            running(x.job_id, x.node, [int(u.rsplit("g", 1)[1]) for u in x.gpu_uuids], share=x.share_milli)
+            running(
+                x.job_id,
+                x.node,
+                [int(u.rsplit("g", 1)[1]) for u in x.gpu_uuids],
+                share=x.share_milli,
+                end=Policy().runtime_ms(by_id[x.job_id]),
+            )
             for x in earlier
         ]
         # The jobs ahead of it that waited are in the trial too: the first of them holds free GPUs
