@@ -110,6 +110,7 @@ class Outcome:
     failed: int = 0
     seconds: float = 0.0  # gpushare: wall time inside the core's offer(); baselines: the whole loop
     cpu_seconds: float = 0.0  # CPU time of the whole loop (the replay's own bookkeeping included)
+    core_cpu_seconds: float = 0.0  # gpushare: CPU time inside the core's offer() (the goal's figure: load-proof)
     decisions: int = 0
     mixed_gpus: int = 0
     failed_demand: dict = field(default_factory=dict)  # (GPUs, "share" | "whole" | "cpu") -> GPU thousandths not placed
@@ -384,7 +385,7 @@ def replay(policy: str, node_rows: list[tuple], arrived: list[Task], classes: li
         fgd = FGD(nodes, classes)
     outcome = Outcome(policy)
     allocated = 0
-    seconds = 0.0
+    seconds = core_cpu = 0.0
     loop_started = time.perf_counter()
     cpu_started = time.process_time()
     for job_id, task in enumerate(arrived, 1):
@@ -398,8 +399,10 @@ def replay(policy: str, node_rows: list[tuple], arrived: list[Task], classes: li
                     fgd.moved(host)
             continue
         if session is not None:
-            started = time.perf_counter()
-            decided = session.offer(request_for(job_id, task))
+            request = request_for(job_id, task)
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            decided = session.offer(request)
+            core_cpu += time.thread_time() - started_cpu
             seconds += time.perf_counter() - started
             found = None
             if decided is not None:
@@ -424,6 +427,7 @@ def replay(policy: str, node_rows: list[tuple], arrived: list[Task], classes: li
         allocated += task.count * task.milli
     outcome.seconds = seconds if session is not None else time.perf_counter() - loop_started
     outcome.cpu_seconds = time.process_time() - cpu_started
+    outcome.core_cpu_seconds = core_cpu if session is not None else outcome.cpu_seconds
     outcome.allocated_pct = 100 * allocated / capacity
     outcome.mixed_gpus = sum(
         1 for n in nodes for used, whole in zip(n.gpus, n.whole, strict=True) if (whole and used != 1000) or used > 1000
@@ -463,6 +467,8 @@ def summarize(results: dict) -> dict:
             "allocated_pct": sum(o.allocated_pct for o in outcomes) / len(outcomes),
             "decisions_per_s": sum(o.decisions for o in outcomes) / max(1e-9, sum(o.seconds for o in outcomes)),
             "decisions_per_cpu_s": sum(o.decisions for o in outcomes) / max(1e-9, sum(o.cpu_seconds for o in outcomes)),
+            "core_decisions_per_cpu_s": sum(o.decisions for o in outcomes)
+            / max(1e-9, sum(o.core_cpu_seconds for o in outcomes)),
             "failed": sum(o.failed for o in outcomes) / len(outcomes),
             "mixed_gpus": sum(o.mixed_gpus for o in outcomes),
             "runs": len(outcomes),
@@ -474,11 +480,13 @@ def line(variant: str, shares: str, cpu_only: str, summary: dict) -> str:
     s = {p: summary[(variant, shares, cpu_only, p)] for p in POLICIES}
     best_other = max(s[p]["allocated_pct"] for p in POLICIES[1:])
     ours = s["gpushare"]["allocated_pct"]
+    g = s["gpushare"]
     return (
         f"{variant:<12} {shares:<6} cpu-only:{cpu_only:<9} "
         + " ".join(f"{p} {s[p]['allocated_pct']:6.2f}" for p in POLICIES)
         + f"  {'>=' if ours >= best_other - 1e-9 else 'BEHIND'} best {best_other:6.2f}"
-        + f"  {s['gpushare']['decisions_per_s']:,.0f} dec/s, {s['gpushare']['decisions_per_cpu_s']:,.0f} per CPU-s"
+        + f"  core {g['core_decisions_per_cpu_s']:,.0f} per CPU-s ({g['decisions_per_s']:,.0f}/s wall)"
+        + f", replay {g['decisions_per_cpu_s']:,.0f} per CPU-s"
         + f" (fgd {s['fgd']['decisions_per_s']:,.0f})"
         + f"  mixed {s['gpushare']['mixed_gpus']}"
     )
@@ -515,13 +523,14 @@ def run(quick: bool = False) -> dict:
         rows.append(
             {
                 "bench": "packing",
-                "metric": f"core decisions/s in the replay, {variant}, {shares} shares, CPU-only {cpu_only}",
-                "ours": round(ours["decisions_per_s"]),
-                "unit": "decisions/s",
+                "metric": f"core decisions per CPU-s in the replay, {variant}, {shares} shares, CPU-only {cpu_only}",
+                "ours": round(ours["core_decisions_per_cpu_s"]),
+                "unit": "decisions/CPU-s",
                 "goal": ">= 20000",
-                "goal_met": ours["decisions_per_s"] >= 20000,
+                "goal_met": ours["core_decisions_per_cpu_s"] >= 20000,
                 "runs": ours["runs"],
-                "note": f"GPUs both whole and sliced: {ours['mixed_gpus']}",
+                "note": f"wall inside the core {ours['decisions_per_s']:,.0f}/s (shared machine);"
+                f" GPUs both whole and sliced: {ours['mixed_gpus']}",
             }
         )
     return {"rows": rows, "summary": {"/".join(k): v for k, v in summary.items()}}

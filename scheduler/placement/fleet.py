@@ -25,7 +25,8 @@ compared in order (see :mod:`.score` for the terms that read the workload):
    expected: the largest gangs, typically), so the few nodes that can host
    them are broken last;
 4. not leaving idle GPUs on the node without the CPU or memory to use them
-   ("stranded", for jobs like this one);
+   ("stranded", for jobs like this one; a slice also for the lightest
+   whole-GPU work of the mix);
 5. the fit: an exact one (the gang fills the node's idle GPUs; the slice
    fills the GPU's room), then a partly used node, and only then a node
    with every GPU idle (kept whole for gangs);
@@ -639,7 +640,7 @@ class Fleet:
                     continue
                 node = self.nodes[gpu.node]
                 lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, share)) if scarce else 0
-                strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request)
+                strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request, self.mix.least_cpu)
                 fit = exact
                 if not shared and len(per_node[name]) == self._gpu_count(node, model):
                     fit = 2  # the first slice on a node with every GPU idle: breaks a whole node
@@ -665,15 +666,17 @@ class Fleet:
         return not self.reserved or self.usable(gpu, end_ms)
 
 
-def _strands(node: NodeSlot, idle_left: int, request: Request) -> int:
+def _strands(node: NodeSlot, idle_left: int, request: Request, least_cpu: float = 0.0) -> int:
     """1 if placing ``request`` leaves idle GPUs on ``node`` without the CPU or memory a GPU of this kind
-    of job needs (only when the node tracks host resources)."""
+    of job needs (only when the node tracks host resources). ``least_cpu``: the CPU per GPU that any whole
+    GPU of the workload needs at the least (a slice that leaves idle GPUs less strands them for whole-GPU
+    work, though other slices might still use them)."""
     if not idle_left or not (node.cpu_milli or node.memory_mib):
         return 0
     per_gpu = max(1, request.count if not request.shared else 1)
     cpu_left = node.cpu_milli - node.used_cpu_milli - request.cpu_milli
     memory_left = node.memory_mib - node.used_memory_mib - request.memory_mib
-    if node.cpu_milli and cpu_left < idle_left * request.cpu_milli / per_gpu:
+    if node.cpu_milli and cpu_left < idle_left * max(least_cpu, request.cpu_milli / per_gpu):
         return 1
     return int(bool(node.memory_mib) and memory_left < idle_left * request.memory_mib / per_gpu)
 

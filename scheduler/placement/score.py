@@ -36,10 +36,10 @@ from bisect import bisect_right, insort
 
 from .data import WHOLE, Request
 
-MAX_CLASSES = 12  # the heaviest classes kept (the rest, rare shapes, are dropped)
+MAX_CLASSES = 12  # the heaviest classes kept (the rest, rare shapes, are dropped; gang classes are all kept)
 REFRESH_EVERY = 512  # requests seen between two recomputations of the classes
 HALF_LIFE = 4096  # requests: older ones count half
-SCARCE_AT = 1.0  # a gang class is scarce once its expected requests reach its places
+SCARCE_AT = 0.75  # a gang class is scarce once its expected requests reach 3/4 of its places (others take some)
 SCARCE_CAP = 8.0  # a class's weight is raised at most this much for being scarce
 NEEDED_FRACTION = 0.5  # a model is kept for constrained work when it would need this much of its free capacity
 
@@ -49,13 +49,19 @@ SAMPLES = 64  # recent members per class whose median CPU, memory and share stan
 
 def class_key(request: Request) -> tuple[int, int, tuple[str, ...], int]:
     """(GPUs, per-GPU share rounded up to a tenth, allowed models, host CPU band); CPU-only work is
-    (0, 0, (), 0). Gangs are told apart by the CPU they ask for (powers of two): the largest need the few
-    nodes with the most CPU."""
+    (0, 0, (), 0). Gangs are told apart by the CPU they ask for (:func:`cpu_class`): the largest need the
+    few nodes with the most CPU."""
     if request.shared:
         return (1, -(-request.share_milli // 100) * 100, request.models, 0)
     if request.count >= 2:
-        return (request.count, WHOLE, request.models, request.cpu_milli.bit_length())
+        return (request.count, WHOLE, request.models, cpu_class(request.cpu_milli))
     return (request.count, WHOLE if request.count else 0, request.models, 0)
+
+
+def cpu_class(cpu_milli: int) -> int:
+    """Host CPU in quarter-octaves: 88 and 120 cores fall apart (a 96-core node hosts one, not the other)."""
+    bits = cpu_milli.bit_length()
+    return bits * 4 + (cpu_milli >> (bits - 3) & 3 if bits >= 3 else 0)
 
 
 class Mix:
@@ -74,6 +80,7 @@ class Mix:
         self.scarce_smallest: dict[str, int] = {}
         self.constrained: dict[str, float] = {}  # model -> share of GPU demand that may only run on a set with it
         self.version = 0
+        self.least_cpu = 0.0  # see refresh
         self._next_refresh = 1
 
     def add(self, request: Request, weight: float = 1.0) -> None:
@@ -104,7 +111,10 @@ class Mix:
         if not total:
             self.classes, self.scarce, self.scarce_smallest = [], [], {}
             return
-        heaviest = sorted(self.weights.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_CLASSES]
+        ranked = sorted(self.weights.items(), key=lambda kv: (-kv[1], kv[0]))
+        # the heaviest classes, and every gang class however rare: the rare large gangs are the ones whose
+        # few places run out first
+        heaviest = ranked[:MAX_CLASSES] + [kv for kv in ranked[MAX_CLASSES:] if kv[0][0] >= 2]
         demand = sum(w * k[0] * k[1] for k, w in self.weights.items()) / total  # mean thousandths per request
         classes = []
         scarcity = []
@@ -126,6 +136,9 @@ class Mix:
             classes.append((share * boost, count, milli, cpu, memory, frozenset(models)))
             scarcity.append(places is not None and count >= 2 and demand and expected_ratio >= SCARCE_AT)
         self.classes = classes
+        # the least CPU per GPU that whole-GPU work of the mix asks for (a slice that leaves an idle GPU less
+        # strands it: see Fleet's slice scan)
+        self.least_cpu = min((c[3] / c[1] for c in classes if c[1] >= 1 and c[2] == WHOLE and c[3]), default=0.0)
         # The scarce classes: fewer places left than requests of them expected. The fragmentation the
         # core scores is against these.
         self.scarce = [c for c, scarce in zip(classes, scarcity, strict=True) if scarce]

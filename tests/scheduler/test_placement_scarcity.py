@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.placement import GpuSlot, NodeSlot, Policy, Request, Session, plan
@@ -82,10 +82,51 @@ def test_the_few_nodes_that_host_the_largest_gangs_are_broken_last():
     assert plain.placements[0].node == "b"  # exact fit first: b has one idle GPU
 
 
+def test_a_rare_gang_that_only_the_largest_nodes_host_keeps_them_whole():
+    # Two 128-core nodes first in the fleet's order, then 96-core ones. Recent work: a dozen shapes, 88-core
+    # 8-GPU gangs (any node hosts one) and, rarer, 120-core ones (only the two 128-core nodes host one). A
+    # single GPU goes to a 96-core node: the 120-core gangs are a class of their own (not the 88-core
+    # gangs' class, which every node hosts), kept in the mix however rare, and scarce.
+    def host(name: str, cores: int) -> NodeSlot:
+        n = node(name, 8)
+        n.cpu_milli, n.memory_mib = cores * 1000, 1_048_576
+        return n
+
+    def fleet() -> list[NodeSlot]:
+        return [host("big0", 128), host("big1", 128)] + [host(f"n{i}", 96) for i in range(10)]
+
+    shapes = [shr(0, milli, cpu_milli=4000) for milli in range(100, 1000, 100)]
+    shapes += [ded(0, 1, cpu_milli=8000), ded(0, 2, cpu_milli=16_000), ded(0, 4, cpu_milli=32_000)]
+    recent = tuple(shapes * 4 + [ded(0, 8, cpu_milli=88_000)] * 3 + [ded(0, 8, cpu_milli=120_000)] * 2)
+    result = plan(fleet(), [ded(1, 1, cpu_milli=8000)], policy=Policy(recent=recent))
+    assert result.placements[0].node == "n0"
+    # with no 8-GPU gangs in the mix, the fleet's order decides
+    plain = plan(fleet(), [ded(1, 1, cpu_milli=8000)], policy=Policy(recent=tuple(shapes * 4)))
+    assert plain.placements[0].node == "big0"
+
+
 def test_a_slice_keeps_to_partly_used_gpus_before_opening_a_whole_node():
     nodes = [node("empty", 8), node("used", 8)]
     result = plan(nodes, [shr(1, 500)], running=[running(90, "used", [0, 1, 2])])
     assert result.placements[0].node == "used"
+
+
+def test_a_slice_does_not_leave_an_idle_gpu_without_the_cpu_whole_gpu_work_needs():
+    # Recent whole-GPU work asks for 10 cores a GPU at the least. A 4-core slice on "a" (first in the
+    # fleet's order) would leave its other GPU idle with 8 cores: enough for another such slice, not for a
+    # whole GPU; on "b" the idle GPU keeps 36 cores.
+    def host(name: str, cores: int) -> NodeSlot:
+        n = node(name, 2)
+        n.cpu_milli, n.memory_mib = cores * 1000, 262_144
+        return n
+
+    recent = tuple([ded(0, 1, cpu_milli=10_000), ded(0, 1, cpu_milli=16_000)] * 3)
+    slice_ = shr(1, 500, cpu_milli=4000)
+    result = plan([host("a", 12), host("b", 40)], [slice_], policy=Policy(recent=recent))
+    assert result.placements[0].node == "b"
+    # with no whole-GPU work in the mix, the fleet's order decides
+    plain = plan([host("a", 12), host("b", 40)], [slice_], policy=Policy(recent=(shr(0, 250, cpu_milli=2000),)))
+    assert plain.placements[0].node == "a"
 
 
 def test_cpu_only_requests_go_to_nodes_without_gpus_first():
@@ -169,8 +210,18 @@ def scarce_cases(draw):
     return nodes, busy, queue
 
 
+# Found by Hypothesis: job 4 (4 GPUs) waits and holds n2's L4s for itself (they free first); job 5 then takes
+# an H100. The trial must give jobs 1-3 the end the pass gave them, or the hold moves to n1 and n2 looks free.
+BACKFILL_HOLD = (
+    [node("n0", 1, H100), node("n1", 4, L4), node("n2", 4, L4), node("n3", 1, H100)],
+    [running(900, "n1", [0]), running(901, "n2", [0])],
+    [ded(i, 4 if i == 4 else 1, at=i) for i in range(1, 7)] + [ded(7, 1, gpu_model="H100-80GB", at=7)],
+)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scarce_cases())
+@example(BACKFILL_HOLD)
 def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_while_another_fits(case):
     """A job that names no model is placed on a model that a constrained job of its class, waiting at that
     moment (behind it in the queue, or ahead of it and not placed), needs only when no other model could
@@ -199,8 +250,17 @@ def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_
         if not others:
             continue
         elsewhere = Request(**{**request.__dict__, "gpu_model": others, "job_id": 10_000})
+        # what it placed before runs until the end the pass gave it (the policy's runtime from now): the
+        # first waiting job's reservation goes where GPUs free first, as in the pass
+        by_id = {r.job_id: r for r in queue}
         held = list(busy) + [
-            running(x.job_id, x.node, [int(u.rsplit("g", 1)[1]) for u in x.gpu_uuids], share=x.share_milli)
+            running(
+                x.job_id,
+                x.node,
+                [int(u.rsplit("g", 1)[1]) for u in x.gpu_uuids],
+                share=x.share_milli,
+                end=Policy().runtime_ms(by_id[x.job_id]),
+            )
             for x in earlier
         ]
         # The jobs ahead of it that waited are in the trial too: the first of them holds free GPUs
