@@ -97,13 +97,11 @@ def node_heartbeat_task(node, body, seqs) -> None:
     services.node_heartbeat(node=node, gpus=body["gpus"])
 
 
-@report_task(p.R_JOB_STARTED)
-def job_started_task(node, body, seqs) -> None:
+def _job_started(node, body) -> None:
     scheduler_services.job_started(node=node, job_id=body["job_id"], attempt=body["attempt"], at_ms=body["at_ms"])
 
 
-@report_task(p.R_JOB_EXITED)
-def job_exited_task(node, body, seqs) -> None:
+def _job_exited(node, body) -> None:
     if body["windows"]:  # the job's last usage window: stored (idempotently) before the job ends
         billing_services.usage_windows_ingest(node=node, windows=body["windows"])
     scheduler_services.job_exited(
@@ -115,6 +113,33 @@ def job_exited_task(node, body, seqs) -> None:
         reason=body["reason"],
         lost=body["lost"],
     )
+
+
+JOB_EVENT_HANDLERS = {p.R_JOB_STARTED: _job_started, p.R_JOB_EXITED: _job_exited}
+
+
+@report_task(p.R_JOB_STARTED)
+def job_started_task(node, body, seqs) -> None:
+    _job_started(node, body)
+
+
+@report_task(p.R_JOB_EXITED)
+def job_exited_task(node, body, seqs) -> None:
+    _job_exited(node, body)
+
+
+@report_task(p.R_JOB_EVENTS)
+def job_events_task(node, body, seqs) -> None:
+    """Consecutive starts and exits of one node, in its order, each in its own transaction (a retry of the
+    batch after a lost deadlock acts again only on what was not stored: the handlers are idempotent).
+    A malformed event is refused alone and recorded; the batch is acknowledged as a whole once handled."""
+    for event in body["events"]:
+        try:
+            task, fields = p.job_event_parse(event)
+        except p.ProtocolError as exc:
+            services.link_refusal_record(node=node, direction="report", task=p.R_JOB_EVENTS, reason=str(exc))
+            continue
+        JOB_EVENT_HANDLERS[task](node, fields)
 
 
 @report_task(p.R_USAGE)

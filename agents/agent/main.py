@@ -46,9 +46,11 @@ from .metrics import AgentMetrics
 from .netpolicy import NetPolicy, NetPolicyError
 from .protocol import (
     ACK,
+    JOB_EVENTS,
     LAUNCH,
     R_COMMAND_REFUSED,
     R_HEARTBEAT,
+    R_JOB_EVENTS,
     R_REGISTER,
     R_USAGE,
     REGISTER,
@@ -79,9 +81,26 @@ log = logging.getLogger("gpushare.agent")
 
 LOG_CHUNK = 64 * 1024
 OUTBOX_BATCH = 200
+EVENTS_PER_MESSAGE = 100  # job starts/exits per agents.job_events message
 # Commands handled per loop step before reaping and flushing (acknowledgements come in bursts).
 COMMANDS_PER_STEP = 200
 LOG_KEEP_S = 24 * 3600  # a finished job's log file stays this long in the agent's (private) state dir
+
+
+def _batch_at(rows: list, i: int) -> list:
+    """The outbox rows from ``i`` that travel in one message: consecutive usage windows, or consecutive
+    job starts and exits (at most ``EVENTS_PER_MESSAGE``); any other report alone."""
+    task = rows[i][1]
+    if task == R_USAGE:
+        same, limit = (lambda t: t == R_USAGE), len(rows)
+    elif task in JOB_EVENTS:
+        same, limit = (lambda t: t in JOB_EVENTS), i + EVENTS_PER_MESSAGE
+    else:
+        return rows[i : i + 1]
+    end = i + 1
+    while end < min(len(rows), limit) and same(rows[end][1]):
+        end += 1
+    return rows[i:end]
 
 
 class Agent:
@@ -409,21 +428,21 @@ class Agent:
         i = 0
         try:
             while i < len(rows):
-                row_id, task, kwargs, _sent = rows[i]
+                batch = _batch_at(rows, i)
+                ids = [r[0] for r in batch]
+                task = rows[i][1]
                 if task == R_USAGE:
                     # Consecutive windows travel together: one message, one bulk insert, one acknowledgement.
-                    batch = [rows[i]]
-                    while i + len(batch) < len(rows) and rows[i + len(batch)][1] == R_USAGE:
-                        batch.append(rows[i + len(batch)])
                     windows = [w for _, _, k, _ in batch for w in k["windows"]]
-                    ids = [r[0] for r in batch]
                     self.link.send(task, self._envelope({"windows": windows}, ids))
-                    self.spool.mark_sent(ids)
-                    i += len(batch)
+                elif len(batch) > 1:
+                    # Consecutive job starts and exits too (a wave of short jobs): one message, one acknowledgement.
+                    events = [{"task": t, "body": k} for _, t, k, _ in batch]
+                    self.link.send(R_JOB_EVENTS, self._envelope({"events": events}, ids))
                 else:
-                    self.link.send(task, self._envelope(kwargs, [row_id]))
-                    self.spool.mark_sent([row_id])
-                    i += 1
+                    self.link.send(task, self._envelope(rows[i][2], ids))
+                self.spool.mark_sent(ids)
+                i += len(batch)
         except ProtocolError as exc:  # a body this agent built wrongly: never sendable, do not loop on it
             log.error("outbox report %s cannot be sent (%s); dropped", rows[i][0], exc)
             self.spool.remove([rows[i][0]])

@@ -55,6 +55,8 @@ R_USAGE = "agents.usage"
 R_LOGS = "agents.logs"
 R_GPU_HEALTH = "agents.gpu_health"
 R_COMMAND_REFUSED = "agents.command_refused"
+R_JOB_EVENTS = "agents.job_events"  # consecutive job_started / job_exited reports sent as one message
+JOB_EVENTS = (R_JOB_STARTED, R_JOB_EXITED)
 
 
 class ProtocolError(ValueError):
@@ -153,6 +155,26 @@ WINDOW_SCHEMA = {
 }
 
 
+def _events(v, name):
+    """The shape of a batch of job events; each event's body is checked where it is handled
+    (:func:`job_event_parse`), so one malformed event is refused alone, not with its batch."""
+    events = [_dict(e, f"{name}[]") for e in _list(v, name)]
+    if not events:
+        raise ProtocolError(f"{name} must not be empty")
+    return events
+
+
+def job_event_parse(event: dict) -> tuple[str, dict]:
+    """``(task, body)`` of one event of an ``agents.job_events`` batch, checked like the report it stands for."""
+    task = event.get("task")
+    if task not in JOB_EVENTS:
+        raise ProtocolError(f"{R_JOB_EVENTS}: {str(task)[:100]!r} is not a job event")
+    unknown = sorted(set(event) - {"task", "body"})
+    if unknown:
+        raise ProtocolError(f"{R_JOB_EVENTS}: unknown field(s) {', '.join(unknown)[:200]}")
+    return task, validate(REPORT_SCHEMAS[task], event.get("body"), task)
+
+
 def _windows(v, name):
     return [_dict(w, f"{name}[]") for w in _list(v, name)]  # each window is checked by ingest (and quarantined)
 
@@ -200,6 +222,7 @@ REPORT_SCHEMAS: dict[str, dict] = {
         "windows": F(_windows, []),
     },
     R_USAGE: {"windows": F(_windows)},
+    R_JOB_EVENTS: {"events": F(_events)},
     R_LOGS: {"job_id": F(_int), "offset": F(_int), "data_b64": F(_str(1 << 20))},
     R_GPU_HEALTH: {"uuid": F(_str(96)), "event": F(_dict), "jobs": F(_list, []), "at_ms": F(_int, 0)},
     R_COMMAND_REFUSED: {

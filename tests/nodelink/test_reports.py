@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from agents import nodelink
+from agents.agent import protocol as p
 from agents.agent.brokerconf import broker_options, node_queue
 from agents.agent.protocol import ACK, R_USAGE, REPORT_QUEUE, CommandVerifier, public_key_parse, report_kwargs
 from agents.agent.transport import BrokerLink
@@ -30,6 +31,17 @@ def link_for(node: str) -> BrokerLink:
     link = BrokerLink(url=url, transport_options=options, node_name=node)
     link.connect()
     return link
+
+
+def ack_received(client, node: str):
+    """The next command on ``node``'s queue, its signature verified as the agent does."""
+    raw = wait_for(lambda: client.rpop(node_queue(node)), what="the acknowledgement on the node's queue")
+    envelope = json.loads(raw)
+    body = json.loads(base64.b64decode(envelope["body"]))
+    verifier = CommandVerifier(
+        node, [public_key_parse(k) for k in nodelink.trusted_keys()], lambda nonce, expires: False
+    )
+    return verifier.verify(envelope["headers"]["task"], body[1])
 
 
 def _ms(value) -> int:
@@ -78,13 +90,7 @@ def test_a_stored_report_is_acknowledged_to_its_node_by_sequence_number(two_node
         link.send(R_USAGE, report_kwargs(token=tokens[victim.name], seqs=[41, 42], body={"windows": windows}))
     finally:
         link.disconnect()
-    raw = wait_for(lambda: client.rpop(node_queue(victim.name)), what="the acknowledgement on the node's queue")
-    envelope = json.loads(raw)
-    body = json.loads(base64.b64decode(envelope["body"]))
-    verifier = CommandVerifier(
-        victim.name, [public_key_parse(k) for k in nodelink.trusted_keys()], lambda nonce, expires: False
-    )
-    ack = verifier.verify(envelope["headers"]["task"], body[1])
+    ack = ack_received(client, victim.name)
     assert (ack.task, ack.body["seqs"]) == (ACK, [41, 42])
     with scopes_disabled():
         assert Job.objects.get(pk=job.pk).gpu_ms == 120_000
@@ -134,3 +140,59 @@ def test_junk_on_the_report_queue_does_not_stop_the_worker(two_nodes, celery_wor
         wait_for(lambda: Job.objects.get(pk=job.pk).gpu_ms == 60_000, what="the report after the junk to be stored")
     assert celery_worker_process.proc.poll() is None
     assert "Unrecoverable error" not in celery_worker_process.log_path.read_text(errors="replace")
+
+
+def test_a_batch_of_job_events_is_acted_on_in_order_a_malformed_event_refused_alone_and_all_acknowledged(
+    two_nodes, fleet, tenant
+):
+    victim, _, tokens, job, start = two_nodes
+    with scopes_disabled():
+        placed = fleet.job(tenant, node=victim, at=timezone.now(), gpu_indexes=[1])
+        Job.objects.filter(pk=placed.pk).update(state="scheduled")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(node_queue(victim.name))  # acknowledgements earlier tests left
+    now = _ms(timezone.now())
+    exited = {"exit_code": 0, "reason": "", "lost": False, "windows": []}
+    events = [
+        {"task": "agents.job_started", "body": {"job_id": placed.pk, "attempt": 1, "at_ms": now}},
+        {"task": "agents.job_exited", "body": {"job_id": job.pk, "attempt": 1, "at_ms": now, **exited}},
+        {"task": "agents.job_exited", "body": {"job_id": "not a number", "at_ms": now}},  # malformed
+        {"task": "agents.heartbeat", "body": {}},  # not a job event
+        {"task": "agents.job_exited", "body": {"job_id": placed.pk, "attempt": 1, "at_ms": now + 5, **exited}},
+    ]
+    link = link_for(victim.name)
+    try:
+        link.send(
+            p.R_JOB_EVENTS, report_kwargs(token=tokens[victim.name], seqs=[7, 8, 9, 10, 11], body={"events": events})
+        )
+    finally:
+        link.disconnect()
+    ack = ack_received(client, victim.name)
+    assert (ack.task, ack.body["seqs"]) == (ACK, [7, 8, 9, 10, 11])
+    with scopes_disabled():
+        assert Job.objects.get(pk=job.pk).state == "succeeded"
+        done = Job.objects.get(pk=placed.pk)
+        assert done.state == "succeeded" and done.started_at is not None  # started, then exited, in that order
+        reasons = sorted(LinkRefusal.objects.filter(node=victim, task=p.R_JOB_EVENTS).values_list("reason", flat=True))
+    assert len(reasons) == 2
+    assert "'agents.heartbeat' is not a job event" in reasons[0] and "agents.job_exited: job_id" in reasons[1]
+
+
+def test_the_agent_sends_consecutive_job_events_together_and_every_other_report_as_before():
+    from agents.agent.main import EVENTS_PER_MESSAGE, _batch_at
+
+    rows = [
+        (i, task, {}, None)
+        for i, task in enumerate(
+            [p.R_JOB_STARTED, p.R_JOB_STARTED, p.R_JOB_EXITED, R_USAGE, R_USAGE, p.R_HEARTBEAT, p.R_JOB_EXITED]
+            + [p.R_JOB_EXITED] * (EVENTS_PER_MESSAGE + 1)
+        )
+    ]
+    batches, i = [], 0
+    while i < len(rows):
+        batch = _batch_at(rows, i)
+        batches.append([r[1] for r in batch])
+        i += len(batch)
+    assert [len(b) for b in batches] == [3, 2, 1, EVENTS_PER_MESSAGE, 2]
+    assert batches[0] == [p.R_JOB_STARTED, p.R_JOB_STARTED, p.R_JOB_EXITED]
+    assert batches[1] == [R_USAGE, R_USAGE] and batches[2] == [p.R_HEARTBEAT]
