@@ -13,13 +13,17 @@ def jobs_for_tenant(*, tenant) -> QuerySet[Job]:
 
 
 def job_gpu_uuids(job: Job) -> list[str]:
-    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations.
+    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations."""
+    return allocations_held_uuids(list(job.allocations.all()))
+
+
+def allocations_held_uuids(allocations: list) -> list[str]:
+    """Of one job's allocations (with their GPUs), the GPUs it holds now, or held last, in index order.
 
     The allocations of one placement are inserted together but do not share a
     ``created_at`` to the microsecond, while a release stamps them all with one
     ``released_at``: so "held last" is the set released last.
     """
-    allocations = list(job.allocations.all())
     held = [a for a in allocations if a.released_at is None]
     if not held and allocations:
         last = max(a.released_at for a in allocations)
