@@ -71,29 +71,58 @@ def with_api_fields(queryset: QuerySet[Job], *, queue_position: bool = True) -> 
     return queryset.annotate(api_gpu_uuids=RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField())))
 
 
-def job_api_rows(queryset: QuerySet[Job], *, queue_position: bool) -> QuerySet[dict]:
-    """The jobs as plain rows (``.values()``: no model instances) of :data:`JOB_API_COLUMNS` plus ``gpu_uuids``
-    and, with ``queue_position=True``, ``queue_position`` (a list page asks :func:`queue_positions_page` once
-    instead), in one query. On SQLite (the demo) ``gpu_uuids`` is filled by :func:`job_api_rows_complete`."""
-    computed = {}
-    if queue_position:
-        computed["queue_position"] = RawSQL(_queue_position_sql(), [], output_field=IntegerField())
+def job_api_rows(queryset: QuerySet[Job], *, computed: bool) -> QuerySet[dict]:
+    """The jobs as plain rows (``.values()``: no model instances) of :data:`JOB_API_COLUMNS`.
+
+    ``computed=True`` (a detail: one query): ``queue_position`` and, on PostgreSQL, ``gpu_uuids`` are computed in
+    the same query. A list page leaves them out (their per-row subqueries cost more to plan than the page costs
+    to read) and :func:`job_api_rows_complete` fills them in for the whole page at once."""
+    if not computed:
+        return queryset.values(*JOB_API_COLUMNS)
+    extra = {"queue_position": RawSQL(_queue_position_sql(), [], output_field=IntegerField())}
     if connection.vendor == "postgresql":
-        computed["gpu_uuids"] = RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField()))
-    return queryset.values(*JOB_API_COLUMNS, **computed)
+        extra["gpu_uuids"] = RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField()))
+    return queryset.values(*JOB_API_COLUMNS, **extra)
 
 
-def job_api_rows_complete(rows: list[dict]) -> list[dict]:
-    """``rows`` of :func:`job_api_rows` with ``gpu_uuids`` in each (PostgreSQL computed it in the page's query;
-    the SQLite demo reads the page's allocations in one more query)."""
-    if connection.vendor == "postgresql" or not rows:
-        return rows
-    held: dict[int, list] = {}
-    for allocation in Allocation.objects.filter(job_id__in=[row["id"] for row in rows]).select_related("gpu"):
-        held.setdefault(allocation.job_id, []).append(allocation)
-    for row in rows:
-        row["gpu_uuids"] = allocations_held_uuids(held.get(row["id"], []))
+def job_api_rows_complete(rows: list[dict], *, tenant) -> list[dict]:
+    """``rows`` of :func:`job_api_rows` of ``tenant``, each with ``gpu_uuids`` and ``queue_position``: what the
+    query left out is read for all the rows at once (the GPUs in one query, the queued rows' positions in one
+    more), so a page costs the same few queries however many jobs it shows."""
+    if rows and "gpu_uuids" not in rows[0]:
+        held = gpu_uuids_of(tenant=tenant, job_ids=[row["id"] for row in rows])
+        for row in rows:
+            row["gpu_uuids"] = held.get(row["id"], [])
+    if rows and "queue_position" not in rows[0]:
+        positions = queue_positions_page(
+            tenant=tenant, job_ids=[row["id"] for row in rows if row["state"] == JobState.QUEUED]
+        )
+        for row in rows:
+            row["queue_position"] = positions.get(row["id"])
     return rows
+
+
+def gpu_uuids_of(*, tenant, job_ids: list[int]) -> dict[int, list[str]]:
+    """The GPUs each of ``tenant``'s jobs holds now, or held last (:func:`allocations_held_uuids`), in one
+    indexed query for any number of jobs. Jobs that never held one are absent."""
+    if not job_ids:
+        return {}
+    allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT a.job_id, a.tenant_id, a.released_at, g.index, g.uuid
+                FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
+                WHERE a.job_id IN ({", ".join(["%s"] * len(job_ids))})""",
+            job_ids,
+        )
+        # The tenant is checked here, not in the WHERE: PostgreSQL would read its whole history's allocations
+        # from the tenant_id index to intersect them with the page's few.
+        tenant_id = tenant_id_of(tenant)
+        by_job: dict[int, list[tuple]] = {}
+        for job_id, owner_id, *held in cursor.fetchall():
+            if owner_id == tenant_id:
+                by_job.setdefault(job_id, []).append(held)
+    return {job_id: allocations_held_uuids(held) for job_id, held in by_job.items()}
 
 
 def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
@@ -124,7 +153,7 @@ def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
                         (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
                         (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
                     FROM page GROUP BY rank
-                ), ahead AS (
+                ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
                     SELECT s.*,
                         (SELECT count(*) FROM {job} a WHERE a.state = 'queued' AND a.priority_id {of_rank(">")})
                         + (SELECT count(*) FROM {job} a WHERE a.state = 'queued' AND a.priority_id {of_rank("=")}

@@ -24,7 +24,7 @@ from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 from gpushare.pagination import KeysetPagination
 
 from .. import services
-from ..models import TERMINAL_STATES, Job, JobState
+from ..models import TERMINAL_STATES, Job
 from ..selectors import job_log_end, job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
@@ -32,7 +32,6 @@ from .selectors import (
     job_api_rows,
     job_api_rows_complete,
     job_metric_series,
-    queue_positions_page,
     with_api_fields,
 )
 from .serializers import (
@@ -103,20 +102,15 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         jobs = jobs_for_tenant(tenant=self.tenant)
         if not request.query_params.keys().isdisjoint(JobFilter.base_filters):  # no filter asked: no FilterSet
             jobs = self.filter_queryset(jobs)
-        # The page as plain rows in one query (GPUs in it; no model instances), rendered straight into dicts.
-        page = job_api_rows_complete(self.paginate_queryset(job_api_rows(jobs, queue_position=False)))
-        # Queued jobs on the page: their positions in one query over the page's span of the queue (none: no query).
-        positions = queue_positions_page(
-            tenant=self.tenant, job_ids=[row["id"] for row in page if row["state"] == JobState.QUEUED]
-        )
-        for row in page:
-            row["queue_position"] = positions.get(row["id"])
-        return self.get_paginated_response([job_body(row) for row in page])
+        # The page as plain rows (no model instances) in one query, its GPUs in one more and, when it shows
+        # queued jobs, their queue positions in a third; rendered straight into dicts.
+        page = self.paginate_queryset(job_api_rows(jobs, computed=False))
+        return self.get_paginated_response([job_body(row) for row in job_api_rows_complete(page, tenant=self.tenant)])
 
     def retrieve(self, request, *args, **kwargs):
         """A job polled by its id: one indexed query of a plain row (queue position and GPUs in it)."""
-        rows = job_api_rows(jobs_for_tenant(tenant=self.tenant), queue_position=True)
-        found = job_api_rows_complete(list(rows.filter(pk=_job_id(kwargs["pk"]))))
+        rows = job_api_rows(jobs_for_tenant(tenant=self.tenant), computed=True)
+        found = job_api_rows_complete(list(rows.filter(pk=_job_id(kwargs["pk"]))), tenant=self.tenant)
         if not found:
             raise Http404
         self.check_object_permissions(request, _Owned(found[0]["submitted_by_id"]))

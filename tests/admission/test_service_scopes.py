@@ -351,7 +351,8 @@ def test_every_selector_that_takes_a_tenant_reads_only_in_its_scope(arguments):
     assert {
         "scheduler.selectors.jobs_for_tenant",
         "scheduler.api.selectors.queue_positions",
-        "scheduler.api.selectors.queue_positions_ranked",
+        "scheduler.api.selectors.queue_positions_page",
+        "scheduler.api.selectors.gpu_uuids_of",
         "webhooks.selectors.webhooks_for_tenant",
         "portal.selectors.live_jobs",
         "billing.selectors.invoices_for_tenant",
