@@ -1,11 +1,12 @@
 """What answers on /api/ paths outside the REST views, always in the API's error shape:
-unknown paths (404, whatever DEBUG says), exceptions no view handled (500), CSRF failures (403)."""
+unknown paths (404, whatever DEBUG says), a request Django refuses to read (400), exceptions no view
+handled (500), CSRF failures (403)."""
 
 from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.http import Http404
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
@@ -28,6 +29,9 @@ class ApiExceptionMiddleware:
     def process_exception(self, request, exception):
         if not _is_api(request) or isinstance(exception, Http404 | PermissionDenied):
             return None
+        if isinstance(exception, SuspiciousOperation):  # a body past Django's limits (too many form fields...)
+            log.warning("Refused request on %s %s: %s", request.method, request.path, exception)
+            return _json_error(400, "invalid", f"The request was refused: {_safe(str(exception))}")
         log.error("Internal error on %s %s", request.method, request.path, exc_info=exception)
         return _json_error(500, "server_error", "Internal error; it has been logged.")
 

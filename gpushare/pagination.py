@@ -61,7 +61,8 @@ def cursor_decode(text: str) -> tuple[str, datetime, int]:
 
 
 class KeysetPagination(BasePagination):
-    """``?cursor=`` (from ``next`` / ``previous``) and ``?page_size=N`` (default 50, at most 500), newest first."""
+    """``?cursor=`` (from ``next`` / ``previous``) and ``?page_size=N`` (default 50, at most 500), newest first.
+    The queryset may be of model instances or of ``.values()`` rows (that include ``id``)."""
 
     page_size = DEFAULT_PAGE_SIZE
     max_page_size = MAX_PAGE_SIZE
@@ -103,11 +104,15 @@ class KeysetPagination(BasePagination):
         else:
             has_next, has_previous = more, key is not None
         self.request = request
-        self.next_cursor = cursor_encode("n", getattr(rows[-1], field), rows[-1].pk) if has_next and rows else None
-        self.previous_cursor = (
-            cursor_encode("p", getattr(rows[0], field), rows[0].pk) if has_previous and rows else None
-        )
+        self.next_cursor = cursor_encode("n", *self._key(rows[-1])) if has_next and rows else None
+        self.previous_cursor = cursor_encode("p", *self._key(rows[0])) if has_previous and rows else None
         return rows
+
+    def _key(self, row) -> tuple[datetime, int]:
+        """A row's place in the order: a model instance, or a ``.values()`` row (with ``id``)."""
+        if isinstance(row, dict):
+            return row[self.time_field], row["id"]
+        return getattr(row, self.time_field), row.pk
 
     def _link(self, cursor: str | None) -> str | None:
         if cursor is None:

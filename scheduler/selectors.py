@@ -13,18 +13,23 @@ def jobs_for_tenant(*, tenant) -> QuerySet[Job]:
 
 
 def job_gpu_uuids(job: Job) -> list[str]:
-    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations.
+    """The GPUs the job holds now, or held last (for a finished job); uses the prefetched allocations."""
+    return allocations_held_uuids([(a.released_at, a.gpu.index, a.gpu.uuid) for a in job.allocations.all()])
+
+
+def allocations_held_uuids(allocations: list[tuple]) -> list[str]:
+    """Of one job's allocations as ``(released_at, gpu index, gpu uuid)``, the GPUs it holds now, or held
+    last, in index order.
 
     The allocations of one placement are inserted together but do not share a
     ``created_at`` to the microsecond, while a release stamps them all with one
     ``released_at``: so "held last" is the set released last.
     """
-    allocations = list(job.allocations.all())
-    held = [a for a in allocations if a.released_at is None]
+    held = [a for a in allocations if a[0] is None]
     if not held and allocations:
-        last = max(a.released_at for a in allocations)
-        held = [a for a in allocations if a.released_at == last]
-    return [a.gpu.uuid for a in sorted(held, key=lambda a: a.gpu.index)]
+        last = max(a[0] for a in allocations)
+        held = [a for a in allocations if a[0] == last]
+    return [uuid for _, _, uuid in sorted(held, key=lambda a: a[1])]
 
 
 def queue_position(job: Job) -> int | None:

@@ -55,5 +55,5 @@ class RequestContextMiddleware:
         name = getattr(match, "url_name", "") or ""
         job = view_kwargs.get("job_id") or (view_kwargs.get("pk") if name.startswith("job") else None)
         if job is not None:
-            log_context_bind(job=int(job) if str(job).isdigit() else job)
+            log_context_bind(job=int(job) if str(job).isascii() and str(job).isdigit() else job)  # not "²"
         return None

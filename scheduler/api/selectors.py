@@ -15,6 +15,7 @@ from accounts.tenancy import tenant_id_of, tenant_scope
 from agents.models import Gpu
 
 from ..models import Allocation, Job, JobState, OpenJob, PriorityClass
+from ..selectors import allocations_held_uuids
 
 MAX_METRIC_POINTS = 500
 
@@ -55,10 +56,20 @@ def _gpu_uuids_sql() -> str:
         ORDER BY g.index)"""
 
 
+# The columns (``.values()`` names) a job's API body is built from (scheduler.api.serializers.job_body): a page
+# reads only these, never the jobs' environments (tenant secrets) nor the nodes' columns.
+JOB_API_COLUMNS = (
+    *("id", "array_id", "array_index", "name", "kind", "gpu_milli", "mode", "state", "pending_reason"),
+    *("estimated_start_at", "priority__name", "node__name", "isolation", "command", "image", "gpu_model"),
+    *("gpu_memory_mb", "max_runtime_s", "submitted_at", "started_at", "finished_at", "exit_code", "stop_reason"),
+    *("preemption_count", "cost", "gpu_ms", "sm_util_ms", "memory_peak_mb", "energy_mj"),
+    "submitted_by_id",  # not shown: the owner, for the object permissions of a detail
+)
+
+
 def with_api_fields(queryset: QuerySet[Job], *, queue_position: bool = True) -> QuerySet[Job]:
     """The jobs with what the API shows computed in the same query: ``api_queue_position`` (unless
-    ``queue_position=False``: a list page asks :func:`queue_positions_ranked` once instead),
-    ``api_gpu_uuids`` (so a page or a detail is one query, whatever the state of its jobs)."""
+    ``queue_position=False``), ``api_gpu_uuids`` (so a detail is one query, whatever the state of the job)."""
     if queue_position:
         queryset = queryset.annotate(api_queue_position=RawSQL(_queue_position_sql(), [], output_field=IntegerField()))
     if connection.vendor != "postgresql":  # the SQLite demo: no arrays, the allocations are prefetched
@@ -66,20 +77,103 @@ def with_api_fields(queryset: QuerySet[Job], *, queue_position: bool = True) -> 
     return queryset.annotate(api_gpu_uuids=RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField())))
 
 
-def queue_positions_ranked(*, tenant, job_ids: list[int]) -> dict[int, int]:
-    """Queue positions of many queued jobs of ``tenant`` at once (a list page): one ranking of the whole
-    queue (every tenant's jobs count for the place), O(queue), where a position per job costs O(jobs
-    ahead) each. Jobs that are not queued, or not the tenant's, are absent."""
+def job_api_rows(queryset: QuerySet[Job], *, computed: bool) -> QuerySet[dict]:
+    """The jobs as plain rows (``.values()``: no model instances) of :data:`JOB_API_COLUMNS`.
+
+    ``computed=True`` (a detail: one query): ``queue_position`` and, on PostgreSQL, ``gpu_uuids`` are computed in
+    the same query. A list page leaves them out (their per-row subqueries cost more to plan than the page costs
+    to read) and :func:`job_api_rows_complete` fills them in for the whole page at once."""
+    if not computed:
+        return queryset.values(*JOB_API_COLUMNS)
+    extra = {"queue_position": RawSQL(_queue_position_sql(), [], output_field=IntegerField())}
+    if connection.vendor == "postgresql":
+        extra["gpu_uuids"] = RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField()))
+    return queryset.values(*JOB_API_COLUMNS, **extra)
+
+
+def job_api_rows_complete(rows: list[dict], *, tenant) -> list[dict]:
+    """``rows`` of :func:`job_api_rows` of ``tenant``, each with ``gpu_uuids`` and ``queue_position``: what the
+    query left out is read for all the rows at once (the GPUs in one query, the queued rows' positions in one
+    more), so a page costs the same few queries however many jobs it shows."""
+    if rows and "gpu_uuids" not in rows[0]:
+        held = gpu_uuids_of(tenant=tenant, job_ids=[row["id"] for row in rows])
+        for row in rows:
+            row["gpu_uuids"] = held.get(row["id"], [])
+    if rows and "queue_position" not in rows[0]:
+        positions = queue_positions_page(
+            tenant=tenant, job_ids=[row["id"] for row in rows if row["state"] == JobState.QUEUED]
+        )
+        for row in rows:
+            row["queue_position"] = positions.get(row["id"])
+    return rows
+
+
+def gpu_uuids_of(*, tenant, job_ids: list[int]) -> dict[int, list[str]]:
+    """The GPUs each of ``tenant``'s jobs holds now, or held last (:func:`allocations_held_uuids`), in one
+    indexed query for any number of jobs. Jobs that never held one are absent."""
     if not job_ids:
         return {}
-    job, classes = Job._meta.db_table, PriorityClass._meta.db_table
+    allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT id, position FROM (
-                    SELECT j.id, j.tenant_id, row_number() OVER (ORDER BY c.rank DESC, j.submitted_at, j.id) AS position
-                    FROM {job} j JOIN {classes} c ON c.id = j.priority_id WHERE j.state = 'queued') ranked
-                WHERE tenant_id = %s AND id IN ({", ".join(["%s"] * len(job_ids))})""",
-            [tenant_id_of(tenant), *job_ids],
+            f"""SELECT a.job_id, a.tenant_id, a.released_at, g.index, g.uuid
+                FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
+                WHERE a.job_id IN ({", ".join(["%s"] * len(job_ids))})""",
+            job_ids,
+        )
+        # The tenant is checked here, not in the WHERE: PostgreSQL would read its whole history's allocations
+        # from the tenant_id index to intersect them with the page's few.
+        tenant_id = tenant_id_of(tenant)
+        by_job: dict[int, list[tuple]] = {}
+        for job_id, owner_id, *held in cursor.fetchall():
+            if owner_id == tenant_id:
+                by_job.setdefault(job_id, []).append(held)
+    return {job_id: allocations_held_uuids(held) for job_id, held in by_job.items()}
+
+
+def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
+    """Queue positions of a page's queued jobs of ``tenant`` (every tenant's queued jobs count for the place;
+    higher class first, then first come), in one query whose cost does not grow with the queue behind them.
+
+    Per class rank among the page's jobs: the queued jobs ahead of its first job are two counts over ranges of
+    the narrow table of unfinished jobs (``OpenJob``: its queued rows by class, submission time and id), and
+    the jobs from its first to its last are read in order from the same index (one range: the page's own span
+    of the queue, not the whole queue). Jobs that are not queued, or not the tenant's, are absent."""
+    if not job_ids:
+        return {}
+    if connection.vendor != "postgresql":  # the SQLite demo: a count per job
+        return queue_positions(tenant=tenant, job_ids=job_ids)
+    job, classes, queue = Job._meta.db_table, PriorityClass._meta.db_table, OpenJob._meta.db_table
+
+    def of_rank(op: str) -> str:
+        return f"= ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} s.rank))"
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH page AS (
+                    SELECT j.id, j.submitted_at, c.rank FROM {job} j JOIN {classes} c ON c.id = j.priority_id
+                    WHERE j.tenant_id = %s AND j.state = 'queued' AND j.id = ANY(%s)
+                ), spans AS (
+                    SELECT rank, (array_agg(submitted_at ORDER BY submitted_at, id))[1] AS first_at,
+                        (array_agg(id ORDER BY submitted_at, id))[1] AS first_id,
+                        (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
+                        (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
+                    FROM page GROUP BY rank
+                ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
+                    SELECT s.*,
+                        (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id {of_rank(">")})
+                        + (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id {of_rank("=")}
+                             AND (a.submitted_at, a.job_id) < (s.first_at, s.first_id)) AS before
+                    FROM spans s
+                )
+                SELECT q.id, q.position FROM (
+                    SELECT a.job_id AS id,
+                        s.before + row_number() OVER (PARTITION BY s.rank ORDER BY a.submitted_at, a.job_id) AS position
+                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id {of_rank("=")}
+                        AND (a.submitted_at, a.job_id) >= (s.first_at, s.first_id)
+                        AND (a.submitted_at, a.job_id) <= (s.last_at, s.last_id)
+                ) q JOIN page p ON p.id = q.id""",
+            [tenant_id_of(tenant), list(job_ids)],
         )
         return dict(cursor.fetchall())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.http import Http404
 from django.utils import timezone
@@ -23,17 +24,23 @@ from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
 from gpushare.pagination import KeysetPagination
 
 from .. import services
-from ..models import TERMINAL_STATES, Job, JobState
+from ..models import TERMINAL_STATES, Job
 from ..selectors import job_log_end, job_log_poll, jobs_for_tenant
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
-from .selectors import job_metric_series, queue_positions_ranked, with_api_fields
+from .selectors import (
+    job_api_rows,
+    job_api_rows_complete,
+    job_metric_series,
+    with_api_fields,
+)
 from .serializers import (
     JobArraySerializer,
     JobCreateSerializer,
     JobLogSerializer,
     JobMetricsSerializer,
     JobSerializer,
+    job_body,
 )
 
 MAX_LOG_READ = 1 << 20
@@ -52,6 +59,19 @@ IDEMPOTENCY_KEY = OpenApiParameter(
         "returns the job it created (200) instead of creating another; the same key with a different body is a 409."
     ),
 )
+
+
+class _Owned(NamedTuple):
+    """What the object permissions read of a job (RoleAllows: ``owner_field``)."""
+
+    submitted_by_id: int | None
+
+
+def _job_id(raw: str) -> int:
+    """A job id from the URL; anything else is a job that does not exist (404)."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise Http404
+    return int(raw)
 
 
 JOB_OR_ARRAY = PolymorphicProxySerializer(
@@ -75,20 +95,26 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the view's shape
             return Job.objects.none()
-        # One query for a page or a job: queue position and GPUs are computed in it (no per-row query).
-        jobs = jobs_for_tenant(tenant=self.tenant)
-        if self.action == "list":  # only what a page shows: not the environment (secrets) nor the node's columns
-            jobs = jobs.only(*JobSerializer.JOB_COLUMNS)
-        return with_api_fields(jobs, queue_position=self.action != "list")
+        # One query for a job: queue position and GPUs are computed in it (no per-row query).
+        return with_api_fields(jobs_for_tenant(tenant=self.tenant))
 
     def list(self, request, *args, **kwargs):
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        # Queued jobs on the page: their positions from one ranking of the queue (none: no query).
-        positions = queue_positions_ranked(
-            tenant=self.tenant, job_ids=[job.pk for job in page if job.state == JobState.QUEUED]
-        )
-        context = {**self.get_serializer_context(), "queue_positions": positions}
-        return self.get_paginated_response(JobSerializer(page, many=True, context=context).data)
+        jobs = jobs_for_tenant(tenant=self.tenant)
+        if not request.query_params.keys().isdisjoint(JobFilter.base_filters):  # no filter asked: no FilterSet
+            jobs = self.filter_queryset(jobs)
+        # The page as plain rows (no model instances) in one query, its GPUs in one more and, when it shows
+        # queued jobs, their queue positions in a third; rendered straight into dicts.
+        page = self.paginate_queryset(job_api_rows(jobs, computed=False))
+        return self.get_paginated_response([job_body(row) for row in job_api_rows_complete(page, tenant=self.tenant)])
+
+    def retrieve(self, request, *args, **kwargs):
+        """A job polled by its id: one indexed query of a plain row (queue position and GPUs in it)."""
+        rows = job_api_rows(jobs_for_tenant(tenant=self.tenant), computed=True)
+        found = job_api_rows_complete(list(rows.filter(pk=_job_id(kwargs["pk"]))), tenant=self.tenant)
+        if not found:
+            raise Http404
+        self.check_object_permissions(request, _Owned(found[0]["submitted_by_id"]))
+        return Response(job_body(found[0]))
 
     @extend_schema(
         summary="Submit a job",

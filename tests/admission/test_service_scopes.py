@@ -259,6 +259,7 @@ def arguments(rules, tenant, other_tenant):
         "viewer": owner,
         "job_id": mine.pk,
         "job_ids": [mine.pk, theirs.pk],
+        "rows": [{"id": mine.pk, "state": "queued"}],  # a page's plain rows (scheduler.api.selectors.job_api_rows)
         "offset": 0,
         "invoice_id": invoice.pk,
         "at": now,
@@ -351,7 +352,9 @@ def test_every_selector_that_takes_a_tenant_reads_only_in_its_scope(arguments):
     assert {
         "scheduler.selectors.jobs_for_tenant",
         "scheduler.api.selectors.queue_positions",
-        "scheduler.api.selectors.queue_positions_ranked",
+        "scheduler.api.selectors.queue_positions_page",
+        "scheduler.api.selectors.gpu_uuids_of",
+        "scheduler.api.selectors.job_api_rows_complete",
         "webhooks.selectors.webhooks_for_tenant",
         "portal.selectors.live_jobs",
         "billing.selectors.invoices_for_tenant",

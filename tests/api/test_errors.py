@@ -81,6 +81,21 @@ def test_malformed_bodies_are_400(rules, tenant, api_client_for, raw, content_ty
     assert_error(response, 400, "invalid")
 
 
+def test_a_form_with_more_fields_than_django_reads_is_400(rules, tenant, api_client_for, settings):
+    """Django refuses to read a form past DATA_UPLOAD_MAX_NUMBER_FIELDS (found by schemathesis): a 400
+    that says so, not a 500."""
+    boundary = "b0undary"
+    fields = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1
+    raw = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="f{i}"\r\n\r\nx\r\n' for i in range(fields))
+    response = api_client_for(tenant).post(
+        "/api/v1/jobs/",
+        (raw + f"--{boundary}--\r\n").encode(),
+        content_type=f"multipart/form-data; boundary={boundary}",
+    )
+    error = assert_error(response, 400, "invalid")
+    assert "DATA_UPLOAD_MAX_NUMBER_FIELDS" in error["message"]
+
+
 def test_unsupported_media_type_is_415(rules, tenant, api_client_for):
     response = api_client_for(tenant).post("/api/v1/jobs/", b"<job/>", content_type="application/xml")
     assert_error(response, 415, "unsupported_media_type")
