@@ -160,6 +160,7 @@ class Gateway:
         from .selectors import routing_table
 
         self.table = await sync_to_async(routing_table, thread_sensitive=False)()
+        self.upstream.keep_only({(r.address, r.port) for route in self.table.values() for r in route.replicas})
         self.changed.set()
         self.changed = asyncio.Event()
 

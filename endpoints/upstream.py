@@ -63,6 +63,13 @@ class Answer:
         self.keep_alive = True
 
     async def read(self) -> bytes:
+        if self.framing == "length":  # the common answer: one read, no generator
+            try:
+                data = await self.connection.reader.readexactly(self.length)
+            except (asyncio.IncompleteReadError, OSError) as exc:
+                raise UpstreamBroken(f"the answer ended short of its Content-Length: {exc!r}") from exc
+            self.complete = True
+            return data
         return b"".join([chunk async for chunk in self.body()])
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -204,6 +211,12 @@ class UpstreamPool:
                 self._give_back(key, connection)
             else:
                 connection.writer.close()  # an answer not read to its end: the connection is out of step
+
+    def keep_only(self, replicas: set[tuple[str, int]]) -> None:
+        """Close the idle connections to replicas no longer in the routing table."""
+        for key in [key for key in self.idle if key not in replicas]:
+            for connection in self.idle.pop(key):
+                connection.writer.close()
 
     async def close(self) -> None:
         self.closed = True

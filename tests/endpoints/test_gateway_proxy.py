@@ -12,6 +12,7 @@ from aiohttp import ClientSession, web
 
 from endpoints import gateway as gw
 from endpoints.selectors import EndpointRoute, Route
+from endpoints.upstream import UpstreamPool
 
 AUTH = {"Authorization": "Bearer test"}
 
@@ -218,3 +219,25 @@ def test_a_kept_alive_connection_the_replica_closed_while_idle_is_replaced():
 
     assert asyncio.run(scenario()) == [(200, b"ok")] * 5
     assert len(seen) == 5
+
+
+def test_idle_connections_to_a_replica_that_left_the_table_are_closed():
+    replica = Replica()
+
+    async def scenario():
+        runner, port = await serve(replica.app)
+        pool = UpstreamPool()
+        try:
+            request = b"GET /x HTTP/1.1\r\nHost: r\r\n\r\n"
+            async with pool.exchange("127.0.0.1", port, request) as answer:
+                assert answer.status == 200 and await answer.read()
+            (kept,) = pool.idle[("127.0.0.1", port)]
+            pool.keep_only({("127.0.0.1", port)})
+            assert pool.idle[("127.0.0.1", port)] == [kept]
+            pool.keep_only(set())
+            return pool.idle, kept.writer.is_closing()
+        finally:
+            await pool.close()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == ({}, True)
