@@ -117,6 +117,9 @@ def serve_static(gateway_port: int, replica_port: int) -> None:
         async def report(self):
             pass
 
+        async def poke_autoscaler(self, endpoint_id):
+            pass  # no platform here: a retry that found no other replica used to reach the database
+
         async def principal(self, plaintext, tenant_slug):
             return None
 
