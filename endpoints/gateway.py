@@ -6,11 +6,15 @@ the fewest requests in flight, and streams the answer back chunk by chunk
 (token streaming works). A request that finds no ready replica is held in a
 bounded queue while one starts (the autoscaler is poked at once), then
 answered 503 with ``Retry-After``. A replica that fails before sending a byte
-gets the request retried once on another replica.
+gets the request retried once on another replica; one that breaks off later
+does not (it has the request), and a client that goes away is nobody's failure.
 
-Why aiohttp: an async server and client in one maintained library, with
-streaming in both directions and no buffering of whole responses; the
-routing table and the traffic figures go through Django's ORM in a thread.
+Why aiohttp: an async server in a maintained library, with streaming; the
+replicas are reached through ``upstream.py``'s kept-alive connections (aiohttp's
+client cost more CPU than the rest of the gateway together). Nothing on the
+request path touches the database: tokens are checked once per
+``TOKEN_CACHE_S``, the routing table and the traffic figures go through
+Django's ORM in a thread, in the background.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from aiohttp import ClientConnectorError, ClientSession, ClientTimeout, ServerDisconnectedError, TCPConnector, web
+from multidict import CIMultiDict
+
+from .upstream import UpstreamBroken, UpstreamFailed, UpstreamPool
 
 log = logging.getLogger("gpushare.gateway")
 
@@ -43,6 +50,8 @@ HOP_BY_HOP = {
     "authorization",
     "content-length",
 }
+FORWARD_DROPPED = HOP_BY_HOP | {"expect"}  # the gateway answers 100-continue itself
+BUFFERED_MAX = 1 << 20  # an answer of a known length up to this is read whole and sent in one write
 MAX_BODY = 10 << 20
 TOKEN_CACHE_S = 5.0
 FORCED_REFRESH_S = 0.2  # at most this often when a request names an endpoint not in the table
@@ -84,7 +93,7 @@ class Traffic:
     queued: int = 0
     requests_total: int = 0
     errors_total: int = 0
-    last_request_at: datetime | None = None
+    last_request_at: float | None = None  # epoch seconds
     window: deque = field(default_factory=deque)  # (monotonic time, concurrency)
     latencies: deque = field(default_factory=lambda: deque(maxlen=2000))  # (monotonic time, ms)
     last_poke: float = 0.0
@@ -136,7 +145,9 @@ class Gateway:
         self.table: dict = {}
         self.inflight: dict[int, int] = {}
         self.traffic: dict[int, Traffic] = {}
-        self.session: ClientSession | None = None
+        self.session: ClientSession | None = None  # health checks
+        self.upstream = UpstreamPool()  # requests
+        self._by_id: tuple[dict, dict[int, object]] = ({}, {})
         self.last_forced_refresh = 0.0
         self.token_cache: dict[tuple[bytes, str], tuple[float, tuple | None]] = {}
         self.changed = asyncio.Event()
@@ -149,6 +160,7 @@ class Gateway:
         from .selectors import routing_table
 
         self.table = await sync_to_async(routing_table, thread_sensitive=False)()
+        self.upstream.keep_only({(r.address, r.port) for route in self.table.values() for r in route.replicas})
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -196,7 +208,7 @@ class Gateway:
                 "peak": t.peak(now, horizon),
                 "requests_total": t.requests_total,
                 "errors_total": t.errors_total,
-                "last_request_at": t.last_request_at,
+                "last_request_at": datetime.fromtimestamp(t.last_request_at, UTC) if t.last_request_at else None,
                 "replica_inflight": {r.replica_id: self.inflight.get(r.replica_id, 0) for r in route.replicas},
                 "latency_ms": percentiles(recent),
                 "minutes": t.minutes_to_report(),
@@ -252,6 +264,14 @@ class Gateway:
         self.token_cache[key] = (now + TOKEN_CACHE_S, problem)
         return problem
 
+    def route_of(self, endpoint_id: int):
+        """The endpoint's entry in the routing table (indexed once per refresh, not scanned per request)."""
+        table, by_id = self._by_id
+        if table is not self.table:
+            by_id = {route.endpoint_id: route for route in self.table.values()}
+            self._by_id = (self.table, by_id)
+        return by_id.get(endpoint_id)
+
     def pick(self, route, exclude: set[int]):
         """The ready replica with the fewest requests in flight, of the newest version that has one."""
         ready = [r for r in route.replicas if r.state == "ready" and r.replica_id not in exclude]
@@ -281,7 +301,7 @@ class Gateway:
         body = await request.read()
         t = self.traffic.setdefault(route.endpoint_id, Traffic())
         t.requests_total += 1
-        t.last_request_at = datetime.now(tz=UTC)
+        t.last_request_at = time.time()
         minute = t.this_minute()
         minute.requests += 1
         minute.peak = max(minute.peak, t.inflight + t.queued + 1)
@@ -291,8 +311,7 @@ class Gateway:
             replica = await self.wait_for_replica(route.endpoint_id, t, tried)
             if replica is None:
                 t.failed()
-                current = next((r for r in self.table.values() if r.endpoint_id == route.endpoint_id), route)
-                if no_capacity(current):
+                if no_capacity(self.route_of(route.endpoint_id) or route):
                     return error(
                         503, "unavailable", "no replica is ready and there is no capacity to start one now; "
                         "retry later", retry_after=30,
@@ -302,16 +321,24 @@ class Gateway:
             self.inflight[replica.replica_id] = self.inflight.get(replica.replica_id, 0) + 1
             t.inflight += 1
             try:
-                response = await self.forward(request, replica, body)
-                elapsed_ms = (time.monotonic() - started) * 1000
-                t.latencies.append((time.monotonic(), elapsed_ms))
-                t.this_minute().latency(elapsed_ms)
-                return response
-            except (ClientConnectorError, ServerDisconnectedError, ConnectionResetError) as exc:
+                response, whole = await self.forward(request, replica, body)
+            except UpstreamFailed as exc:
                 log.info("replica %s failed before answering (%s); attempt %d", replica.replica_id, exc, attempt + 1)
+                continue
+            except UpstreamBroken as exc:  # the replica has the request: not tried again
+                log.warning("replica %s broke off its answer: %s", replica.replica_id, exc)
+                t.failed()
+                return error(502, "bad_gateway", "the replica's answer broke off", retry_after=1)
             finally:
                 self.inflight[replica.replica_id] -= 1
                 t.inflight -= 1
+            if not whole:
+                t.failed()
+            now = time.monotonic()
+            elapsed_ms = (now - started) * 1000
+            t.latencies.append((now, elapsed_ms))
+            t.this_minute().latency(elapsed_ms)
+            return response
         t.failed()
         return error(502, "bad_gateway", "the replicas failed to answer", retry_after=1)
 
@@ -320,7 +347,7 @@ class Gateway:
         queued = False
         try:
             while True:
-                route = next((r for r in self.table.values() if r.endpoint_id == endpoint_id), None)
+                route = self.route_of(endpoint_id)
                 replica = self.pick(route, tried) if route else None
                 if replica is not None or route is None:
                     return replica
@@ -343,28 +370,45 @@ class Gateway:
             if queued:
                 t.queued -= 1
 
-    async def forward(self, request: web.Request, replica, body: bytes) -> web.StreamResponse:
-        path = request.match_info.get("path", "")
-        url = f"http://{replica.address}:{replica.port}/{path}"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with self.session.request(
-            request.method,
-            url,
-            params=request.query,
-            headers=headers,
-            data=body or None,
-            timeout=ClientTimeout(total=None, sock_connect=2),
-            allow_redirects=False,
-        ) as upstream:
-            response = web.StreamResponse(
-                status=upstream.status,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
-            )
+    async def forward(self, request: web.Request, replica, body: bytes) -> tuple[web.StreamResponse, bool]:
+        """The replica's answer and whether it came whole. Raises UpstreamFailed (nothing answered: may be
+        retried) or UpstreamBroken (broke off before the client got a byte). An answer that breaks off
+        while streaming closes the client's connection, so it cannot pass for a whole one."""
+        sent = upstream_request(request, replica, body)
+        async with self.upstream.exchange(replica.address, replica.port, sent) as answer:
+            headers = CIMultiDict([(k, v) for k, v in answer.headers if k.lower() not in HOP_BY_HOP])
+            if answer.framing == "none" or (answer.framing == "length" and answer.length <= BUFFERED_MAX):
+                return web.Response(status=answer.status, headers=headers, body=await answer.read()), True
+            response = web.StreamResponse(status=answer.status, headers=headers)
+            if answer.framing == "length":
+                response.content_length = answer.length
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
+            try:
+                async for chunk in answer.body():
+                    await response.write(chunk)
+            except ConnectionResetError:
+                return response, True  # the client went away: the upstream connection is closed, not reused
+            except UpstreamBroken as exc:
+                log.warning("replica %s broke off a streamed answer: %s", replica.replica_id, exc)
+                if request.transport is not None:
+                    request.transport.close()
+                return response, False
+            return response, True
+
+
+def upstream_request(request: web.Request, replica, body: bytes) -> bytes:
+    """The client's request as the replica gets it, in HTTP/1.1 bytes: the path after
+    ``/e/<tenant>/<endpoint>`` and the query as sent, the end-to-end headers, the body."""
+    _, _, _, endpoint, *rest = request.raw_path.split("/", 4)
+    target = "/" + (rest[0] if rest else "")
+    if not rest and "?" in endpoint:
+        target = "/?" + endpoint.split("?", 1)[1]
+    head = [f"{request.method} {target} HTTP/1.1\r\nHost: {replica.address}:{replica.port}\r\n"]
+    head += [f"{name}: {value}\r\n" for name, value in request.headers.items() if name.lower() not in FORWARD_DROPPED]
+    if body or request.method in ("POST", "PUT", "PATCH"):
+        head.append(f"Content-Length: {len(body)}\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("utf-8", "surrogateescape") + body
 
 
 def no_capacity(route) -> bool:
@@ -407,13 +451,14 @@ def make_app(gateway: Gateway) -> web.Application:
     ops_routes(app, gateway, metrics)
 
     async def start(app):
-        # Persistent upstream connections, no pool cap (aiohttp's default of 100 queued the 101st request).
+        # Health checks only; requests go through gateway.upstream (kept-alive connections, no cap).
         gateway.session = ClientSession(auto_decompress=False, connector=TCPConnector(limit=0, keepalive_timeout=60))
         app["background"] = asyncio.create_task(gateway.background(app))
 
     async def stop(app):
         app["background"].cancel()
         await gateway.session.close()
+        await gateway.upstream.close()
 
     async def healthz(request):
         return web.json_response({"ok": True, "endpoints": len(gateway.table)})

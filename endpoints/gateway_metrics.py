@@ -55,6 +55,23 @@ class GatewayMetrics:
             "gpushare_gateway_inflight_requests", "Requests being answered now.", labels, registry=self.registry
         )
         self.registry.register(_TableCollector(gateway))
+        # The labelled children, looked up once: ``labels()`` costs more than the increment itself.
+        self.series: dict[tuple[str, str], tuple] = {}
+        self.answered: dict[tuple[str, str, int], tuple] = {}
+
+    def series_of(self, labels: tuple[str, str]) -> tuple:
+        """(in flight gauge, latency histogram) of an endpoint's labels."""
+        if (found := self.series.get(labels)) is None:
+            found = self.series[labels] = (self.inflight.labels(*labels), self.latency.labels(*labels))
+        return found
+
+    def count(self, labels: tuple[str, str], code: int) -> None:
+        if (found := self.answered.get((*labels, code))) is None:
+            errors = self.errors.labels(*labels, str(code)) if code >= 500 else None
+            found = self.answered[(*labels, code)] = (self.requests.labels(*labels, str(code)), errors)
+        found[0].inc()
+        if found[1] is not None:
+            found[1].inc()
 
     def labels_for(self, request: web.Request) -> tuple[str, str]:
         key = (request.match_info.get("tenant", ""), request.match_info.get("endpoint", ""))
@@ -66,7 +83,8 @@ class GatewayMetrics:
             return await handler(request)
         labels = self.labels_for(request)
         started = time.monotonic()
-        self.inflight.labels(*labels).inc()
+        inflight, latency = self.series_of(labels)
+        inflight.inc()
         code = 500
         try:
             response = await handler(request)
@@ -79,15 +97,13 @@ class GatewayMetrics:
             code = 499  # the client went away (nginx's code): not the gateway's error
             raise
         finally:
-            self.inflight.labels(*labels).dec()
+            inflight.dec()
             found = self.labels_for(request)  # a route found by this very request's refresh
             if found != labels:
-                self.inflight.labels(*found)  # the endpoint's in-flight series exists from its first request on
-                labels = found
-            self.requests.labels(*labels, str(code)).inc()
-            if code >= 500:
-                self.errors.labels(*labels, str(code)).inc()
-            self.latency.labels(*labels).observe(time.monotonic() - started)
+                # the endpoint's in-flight series exists from its first request on
+                labels, (_, latency) = found, self.series_of(found)
+            self.count(labels, code)
+            latency.observe(time.monotonic() - started)
 
 
 class _TableCollector:
