@@ -152,7 +152,10 @@ def node_register(*, node: Node, info: dict) -> Node:
         )
     gone = node.gpus.exclude(uuid__in=seen)
     gone.update(health=Gpu.Health.OUT_OF_SERVICE, health_reason="not reported by the agent at registration")
-    scheduler_services.node_reconcile(node=node, running=info.get("running", []))
+    at_ms = info.get("at_ms")
+    scheduler_services.node_reconcile(
+        node=node, running=info.get("running", []), as_of_ms=at_ms if isinstance(at_ms, int) else None
+    )
     scheduler_services.schedule_soon()
     return node
 

@@ -409,9 +409,13 @@ def node_jobs_lost(*, node: Node, reason: str) -> int:
 
 @scopes_disabled()  # a node's jobs, of every tenant
 @transaction.atomic
-def node_reconcile(*, node: Node, running: list[dict]) -> None:
+def node_reconcile(*, node: Node, running: list[dict], as_of_ms: int | None = None) -> None:
     """After an agent (re)starts: jobs it no longer runs are lost; jobs it runs
-    that the platform no longer expects there are stopped."""
+    that the platform no longer expects there are stopped.
+
+    ``as_of_ms``: when the agent wrote down what it runs. A job placed after that cannot be in the list
+    (a registration that waited behind another while the pass placed a job there): it is left alone;
+    its launch is on its way, and the launch re-send covers one that was lost."""
     reported = {(int(r["job_id"]), int(r.get("attempt", 0))) for r in running}
     expected = {
         (job.pk, job.attempt): job for job in Job.objects.select_for_update().filter(node=node, state__in=ACTIVE_STATES)
@@ -419,6 +423,8 @@ def node_reconcile(*, node: Node, running: list[dict]) -> None:
     policy = settings.GPUSHARE["LOST_JOB_POLICY"]
     for key, job in expected.items():
         if key in reported:
+            continue
+        if as_of_ms is not None and job.scheduled_at is not None and dt_to_ms(job.scheduled_at) > as_of_ms:
             continue
         reason = f"agent on {node.name} restarted and no longer runs this job"
         job.finished_at = timezone.now()

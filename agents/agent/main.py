@@ -266,6 +266,7 @@ class Agent:
             "address": self.address(),
             "gpus": [g.as_dict() for g in self.gpus.values()],
             "running": [{"job_id": j.spec.job_id, "attempt": j.spec.attempt} for j in self.jobs.values()],
+            "at_ms": now_ms(),  # when "running" was true: a job placed later cannot be in it
             "isolation": self.isolation(),
             **self.backend.versions(),
         }

@@ -114,9 +114,10 @@ def gpu_uuids_of(*, tenant, job_ids: list[int]) -> dict[int, list[str]]:
     if not job_ids:
         return {}
     allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
+    index = connection.ops.quote_name("index")  # a keyword of SQLite's (the demo)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""SELECT a.job_id, a.tenant_id, a.released_at, g.index, g.uuid
+            f"""SELECT a.job_id, a.tenant_id, a.released_at, g.{index}, g.uuid
                 FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
                 WHERE a.job_id IN ({", ".join(["%s"] * len(job_ids))})""",
             job_ids,

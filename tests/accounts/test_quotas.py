@@ -14,6 +14,7 @@ from accounts.limits import PLAN_DEFAULTS, Limits, MonthUsage, admission_refusal
 from accounts.models import AuditLog, Plan, Role, RunningJobsPolicy, Tenant, TenantMonthUsage
 from accounts.selectors import limits_for
 from accounts.services import AccountsError, quota_set
+from admission import services as admission_services
 from admission.selectors import budget_status, month_bounds_ms, month_usage, month_usages
 from admission.selectors import tenant_caps_for_scheduling as tenant_limits_for_scheduling
 from admission.services import budgets_enforce, month_usage_advance
@@ -205,12 +206,16 @@ def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_
 
 
 def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries):
-    """No budget: share-lock the tenant, read quota, plan and the default plan (one query), look at
-    the open and queued counts (every plan limits them by default), take the admission lock (shared:
-    far from the limits) and count them again under it; no usage, no holds."""
+    """No budget: share-lock the tenant, read quota, plan and the default plan (one query), take the
+    admission lock (shared: far from the limits, as the counts this process saw at its last submit
+    say, so no look of its own) and count the open and queued jobs under it; no usage, no holds.
+    A process that has not counted the tenant yet looks once more, before the lock."""
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4)
     for _ in range(5):
         submit(tenant)
+    with django_assert_num_queries(4):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+    admission_services._counts_last.pop(tenant.pk)
     with django_assert_num_queries(5):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 

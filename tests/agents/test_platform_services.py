@@ -86,3 +86,30 @@ def test_a_cordoned_node_that_went_down_is_cordoned_again_when_it_registers(db, 
     services.node_down_check()
     services.node_register(node=node, info=REGISTRATION)
     assert Node.objects.get(pk=node.pk).state == Node.State.UP
+
+
+def test_a_registration_written_before_a_job_was_placed_does_not_make_it_lost(db, rules, tenant):
+    """Two registrations of a restarted agent can cross a pass: the one written before the job was placed
+    there, handled after, must not call the job lost (found in CI: the job ran as attempt 3, not 2).
+    One written after the placement that does not list the job does."""
+    from django_scopes import scopes_disabled
+
+    from scheduler.models import Job, JobState
+    from scheduler.services import JobSpec, job_submit, schedule_pass
+
+    node, _ = _node(db)
+    job = job_submit(tenant=tenant, user=None, spec=JobSpec(kind="training", gpu_milli=1000, command=["true"]))
+    schedule_pass()
+    with scopes_disabled():
+        placed = Job.objects.get(pk=job.pk)
+    assert placed.state == JobState.SCHEDULED and placed.node_id == node.pk
+    placed_ms = int(placed.scheduled_at.timestamp() * 1000)
+
+    services.node_register(node=node, info={**REGISTRATION, "at_ms": placed_ms - 500})
+    with scopes_disabled():
+        assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED and Job.objects.get(pk=job.pk).attempt == 1
+
+    services.node_register(node=node, info={**REGISTRATION, "at_ms": placed_ms + 500})
+    with scopes_disabled():
+        after = Job.objects.get(pk=job.pk)
+    assert after.state == JobState.QUEUED  # lost, then requeued (LOST_JOB_POLICY=requeue)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import ClientSession, web
 
@@ -100,6 +101,13 @@ async def with_gateway(ports: list[int], body):
         await runner.cleanup()
 
 
+def run_apart(coroutine):
+    """``asyncio.run`` in a thread of its own: the browser tests' session-wide Playwright keeps an event
+    loop running in the main thread, where ``asyncio.run`` refuses to start another."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def test_the_path_and_query_reach_the_replica_as_sent_on_one_kept_alive_connection():
     replica = Replica()
 
@@ -121,7 +129,7 @@ def test_the_path_and_query_reach_the_replica_as_sent_on_one_kept_alive_connecti
         finally:
             await runner.cleanup()
 
-    assert asyncio.run(scenario()) == ["/a/b?x=1&y=%20z", "/?q=1", "/", "/predict"]
+    assert run_apart(scenario()) == ["/a/b?x=1&y=%20z", "/?q=1", "/", "/predict"]
     assert len(replica.connections) == 1  # one upstream connection carried all four requests
 
 
@@ -145,7 +153,7 @@ def test_a_replica_that_closes_before_answering_gets_the_request_retried_on_anot
             await runner.cleanup()
             closing.close()
 
-    assert asyncio.run(scenario()) == [200] * 4
+    assert run_apart(scenario()) == [200] * 4
     assert len(replica.seen) == 4
 
 
@@ -166,7 +174,7 @@ def test_an_answer_that_breaks_off_is_502_and_not_sent_to_another_replica():
             for server, _ in servers:
                 server.close()
 
-    assert asyncio.run(scenario()) == (502, "bad_gateway", 1)
+    assert run_apart(scenario()) == (502, "bad_gateway", 1)
     assert len(seen) == 1  # the replica had the request: it is not sent again
 
 
@@ -191,7 +199,7 @@ def test_a_client_that_leaves_mid_stream_is_not_retried_nor_counted_against_the_
             for runner, _ in runners:
                 await runner.cleanup()
 
-    first, first_at, traffic = asyncio.run(scenario())
+    first, first_at, traffic = run_apart(scenario())
     assert first == b"token0\n" and first_at < 0.25  # streamed: the first token before the replica finished
     assert replica.seen == ["/stream"]  # not sent to the other replica
     assert traffic.errors_total == 0 and traffic.inflight == 0 and traffic.queued == 0
@@ -217,7 +225,7 @@ def test_a_kept_alive_connection_the_replica_closed_while_idle_is_replaced():
         finally:
             server.close()
 
-    assert asyncio.run(scenario()) == [(200, b"ok")] * 5
+    assert run_apart(scenario()) == [(200, b"ok")] * 5
     assert len(seen) == 5
 
 
@@ -240,4 +248,4 @@ def test_idle_connections_to_a_replica_that_left_the_table_are_closed():
             await pool.close()
             await runner.cleanup()
 
-    assert asyncio.run(scenario()) == ({}, True)
+    assert run_apart(scenario()) == ({}, True)
