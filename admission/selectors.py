@@ -207,23 +207,23 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 # --- counts -------------------------------------------------------------------------------------------
 
 
-_JOB_COUNTS_SQL = f"""
-    SELECT count(*), count(*) FILTER (WHERE state = %s)
-      FROM {{table}}
-     WHERE tenant_id = %s AND state IN ({", ".join(["%s"] * len(OPEN_STATES))})"""
+def _job_counts_sql(table: str) -> str:
+    states = ", ".join(f"'{state}'" for state in sorted(OPEN_STATES))  # the enum's own values, not input
+    return f"""SELECT count(*), count(*) FILTER (WHERE state = '{JobState.QUEUED}')
+                 FROM {table} WHERE tenant_id = %s AND state IN ({states})"""
+
+
+# PostgreSQL: the narrow table of unfinished jobs (``OpenJob``, kept by triggers), whose cost does not grow
+# with the tenant's history; SQLite (the demo, no triggers): the jobs themselves.
+_JOB_COUNTS_SQL = {"postgresql": _job_counts_sql(OpenJob._meta.db_table), "other": _job_counts_sql(Job._meta.db_table)}
 
 
 @acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
-    """(unfinished jobs, queued jobs) of the tenant, replicas included: on PostgreSQL a range of the narrow
-    table of unfinished jobs (``OpenJob``, kept by triggers), whose cost does not grow with the tenant's
-    history; elsewhere the same count on the jobs."""
-    table = OpenJob if connection.vendor == "postgresql" else Job
+    """(unfinished jobs, queued jobs) of the tenant, replicas included; one range count (see above)."""
+    sql = _JOB_COUNTS_SQL["postgresql" if connection.vendor == "postgresql" else "other"]
     with connection.cursor() as cursor:
-        cursor.execute(
-            _JOB_COUNTS_SQL.format(table=table._meta.db_table),
-            [JobState.QUEUED, tenant.pk, *sorted(OPEN_STATES)],
-        )
+        cursor.execute(sql, [tenant.pk])
         open_jobs, queued = cursor.fetchone()
     return open_jobs, queued
 
