@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.utils import timezone
 from django_scopes import scopes_disabled
@@ -32,18 +34,25 @@ class TokenRejected(Exception):
     """A bearer token that does not authenticate; the message says why."""
 
 
-def token_principal(plaintext: str) -> tuple:
-    """``(user, TokenPrincipal)`` for a valid token, else :class:`TokenRejected`.
+class Checked(NamedTuple):
+    user: object
+    principal: TokenPrincipal
+    rate_waits: dict[str, int]  # the rate limits counted with the check (principal_cache.lookup)
+
+
+def token_principal(plaintext: str, rates: Callable[[TokenPrincipal], list] | None = None) -> Checked:
+    """The user and :class:`TokenPrincipal` of a valid token, else :class:`TokenRejected`.
 
     The one check every entry point uses (REST API, endpoint gateway): known,
     not revoked, not expired, active user still a member; records last use.
     A verified principal is reused from :mod:`accounts.principal_cache` while
     the token's version in Redis is unchanged (revocation, member removal or
     role change, user deactivation and tenant changes bump it; expiry is
-    checked here on every request).
+    checked here on every request). ``rates``: the request's rate limits, counted in the same
+    Redis round trip when the principal is cached (``principal_cache.lookup``).
     """
     digest = token_hash(plaintext)
-    entry, version = principal_cache.lookup(digest)
+    entry, version, rate_waits = principal_cache.lookup(digest, rates)
     now = timezone.now()
     if entry is not None:
         token = entry.principal.token
@@ -51,11 +60,11 @@ def token_principal(plaintext: str) -> tuple:
             principal_cache.forget(digest)
             raise TokenRejected("This API token has expired.")
         _last_used_record(token, now)
-        return entry.user, entry.principal
+        return Checked(entry.user, entry.principal, rate_waits)
     user, principal = _token_check(digest, now)
     if version is not None:
         principal_cache.store(digest, user=user, principal=principal, version=version)
-    return user, principal
+    return Checked(user, principal, rate_waits)
 
 
 def _last_used_record(token: ApiToken, now) -> None:
@@ -84,7 +93,14 @@ def _token_check(digest: str, now) -> tuple:
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <token>``. The API uses ``gpushare.throttling.BearerTokenAuthentication``,
+    which adds the view's rate limits to the token check's round trip (:meth:`rates`)."""
+
     keyword = "Bearer"
+
+    def rates(self, request) -> Callable[[TokenPrincipal], list] | None:
+        """What to count with the token check (``token_principal``'s ``rates``); none here."""
+        return None
 
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
@@ -96,9 +112,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
         try:
-            user, principal = token_principal(parts[1])
+            user, principal, rate_waits = token_principal(parts[1], self.rates(request))
         except TokenRejected as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from exc
+        if rate_waits:
+            request._request.rate_waits = rate_waits  # spent by the throttles, no second round trip
         log_context_bind(tenant=principal.tenant.slug)  # this request's log lines name the tenant
         return user, principal
 

@@ -3,7 +3,8 @@
 Checking a token costs two queries (token with its tenant and user; the
 membership) on every request. This keeps the verified principal in the web
 process for up to ``TTL_S`` and, on every request, checks one **version key**
-per token in Redis (one ``GET``, ~0.1 ms). Whatever may change the outcome
+per token in Redis (one script call, ~0.1 ms, that also counts the request's rate
+limits: ``gpushare.throttling``). Whatever may change the outcome
 of a check bumps the version of every token it affects:
 
 - revoking a token, editing or deleting it;
@@ -34,12 +35,16 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import redis
 from django.conf import settings
 from django.db import transaction
+
+from gpushare.ratelimit import GCRA_FUNCTION
 
 log = logging.getLogger(__name__)
 
@@ -77,36 +82,75 @@ def _key(digest: str) -> str:
     return KEY_PREFIX + digest
 
 
-def version_get(digest: str) -> bytes | None:
-    """The token's current version, created if missing; None when Redis does not answer (no caching)."""
+# The token's version (created if missing) and, in the same round trip, the request's rate limits.
+# KEYS[1] the version key, KEYS[2..] rate-limit keys; ARGV[1] a fresh version, ARGV[2] its TTL (s),
+# then an interval and a burst (µs) per rate-limit key. Answers {version, wait ms per rate key}.
+CHECK = (
+    GCRA_FUNCTION
+    + """
+local version = redis.call('GET', KEYS[1])
+if not version then
+  version = ARGV[1]
+  redis.call('SET', KEYS[1], version, 'EX', ARGV[2])
+end
+local answer = {version}
+if #KEYS > 1 then
+  local now = now_us()
+  for i = 2, #KEYS do
+    answer[i] = gcra(KEYS[i], tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i]), now)
+  end
+end
+return answer
+"""
+)
+
+
+@lru_cache(maxsize=1)
+def _check_script(client):
+    return client.register_script(CHECK)
+
+
+RatePlan = tuple[str, int, int]  # a rate limit's key, interval and burst (µs): gpushare.ratelimit
+
+
+class Lookup(NamedTuple):
+    entry: Entry | None  # the cached check, still valid
+    version: bytes | None  # the token's current version (None: Redis did not answer, cache nothing)
+    rate_waits: dict[str, int]  # per rate-limit key counted with it: 0 allowed, else ms to wait
+
+
+NOTHING = Lookup(None, None, {})
+
+
+def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None) -> Lookup:
+    """The cached entry if it is still valid, the token's current version (read from Redis before
+    any database read the caller makes on a miss) and, when ``rates`` is given and the token has a
+    cached principal, the rate limits ``rates(principal)`` names, counted in the same round trip.
+
+    The limits are counted before the version says whether the principal still holds: a refused
+    token has spent one request of its allowance, as any request does.
+    """
     client = _redis()
     if client is None:
-        return None
+        return NOTHING
+    entry = _entries.get(digest)
+    plans = rates(entry.principal) if rates is not None and entry is not None else []
+    args: list = [secrets.token_hex(8), KEY_TTL_S]
+    for _, interval, burst in plans:
+        args += [interval, burst]
     try:
-        key = _key(digest)
-        value = client.get(key)
-        if value is None:
-            client.set(key, secrets.token_hex(8), nx=True, ex=KEY_TTL_S)
-            value = client.get(key)
-        return value
+        answer = _check_script(client)(keys=[_key(digest), *(key for key, _, _ in plans)], args=args)
     except redis.RedisError:
         log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
-        return None
-
-
-def lookup(digest: str) -> tuple[Entry | None, bytes | None]:
-    """``(entry, version)``: the cached entry if it is still valid (``version`` is the current one,
-    read from Redis before any database read the caller makes on a miss)."""
-    version = version_get(digest)
-    if version is None:
-        return None, None
-    entry = _entries.get(digest)
+        return NOTHING
+    version = answer[0]
+    waits = {key: int(wait) for (key, _, _), wait in zip(plans, answer[1:], strict=True)}
     if entry is not None and entry.version == version and entry.until > time.monotonic():
-        return entry, version
+        return Lookup(entry, version, waits)
     if entry is not None:
         with _lock:
             _entries.pop(digest, None)
-    return None, version
+    return Lookup(None, version, waits)
 
 
 def store(digest: str, *, user, principal, version: bytes) -> None:

@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=300, help="requests per path")
     parser.add_argument("--history", type=int, default=20_000, help="finished jobs inserted first")
     parser.add_argument("--queued", type=int, default=2_000, help="queued jobs inserted first")
-    parser.add_argument("--paths", default="submit,list,detail", help="comma-separated: submit, list, detail, array")
+    parser.add_argument(
+        "--paths", default="submit,list,detail", help="comma-separated: trivial, submit, list, detail, array"
+    )
     parser.add_argument("--html", help="also write pyinstrument HTML reports to this folder")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = client.get("/api/v1/jobs/?page_size=1").json()["results"][0]["id"]
     paths = {
         "submit": lambda: client.post("/api/v1/jobs/", body, content_type="application/json"),
+        "trivial": lambda: client.get("/api/v1/"),
         "list": lambda: client.get("/api/v1/jobs/"),
         "detail": lambda: client.get(f"/api/v1/jobs/{job_id}/"),
         "array": lambda: client.post(

@@ -426,7 +426,7 @@ def token_check(plaintext: str, tenant_slug: str) -> tuple | None:
     from accounts.authentication import TokenRejected, token_principal
 
     try:
-        _, principal = token_principal(plaintext)
+        principal = token_principal(plaintext).principal
     except TokenRejected as exc:
         return 401, "unauthenticated", str(exc)
     if principal.tenant.slug != tenant_slug:

@@ -215,6 +215,7 @@ def error_response(message: str, *, code: str, status_code: int = status.HTTP_40
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "accounts.authentication.BearerTokenAuthentication"
+    match_subclasses = True  # gpushare.throttling's, which the API uses
     name = "bearerToken"
 
     def get_security_definition(self, auto_schema):

@@ -1,6 +1,7 @@
 """Rate limiting per API token and per tenant (429 with Retry-After; see gpushare/api.py for the error shape).
 
-Two throttles, both counted in Redis (the default cache) so every web process shares them:
+Two throttles, both counted in Redis (the default cache) so every web process shares them
+(GCRA: gpushare/ratelimit.py):
 ``TokenRateThrottle`` (each token, the platform's ``GPUSHARE_API_RATE``) and
 ``TenantRateThrottle`` (the whole tenant, its plan's ``api_requests_per_minute``: minting more
 tokens or running more web processes does not raise it).
@@ -12,6 +13,7 @@ Kept apart from gpushare/api.py because DRF imports throttle classes while
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
 
 import redis
@@ -19,26 +21,11 @@ from django.conf import settings
 from rest_framework import throttling
 from rest_framework.settings import api_settings
 
+from accounts import authentication
 from accounts.authentication import TokenPrincipal
+from gpushare.ratelimit import GCRA, gcra_args
 
 log = logging.getLogger(__name__)
-
-# GCRA (the generic cell rate algorithm) in one atomic round trip: one key per client holding its
-# "theoretical arrival time"; N requests may come at once, then one per duration/N. Redis's own
-# clock, so every web process agrees. Times in microseconds; returns 0 (allowed) or the milliseconds
-# to wait.
-GCRA = """
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-if tat - now > burst then return math.ceil((tat - now - burst) / 1000) end
-local ttl = math.ceil((tat + interval - now) / 1000) + 1000
-redis.call('SET', KEYS[1], string.format('%d', tat + interval), 'PX', ttl)
-return 0
-"""
 
 
 @lru_cache(maxsize=4)
@@ -72,33 +59,36 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
     def get_rate(self):
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
-    def allow_request(self, request, view):
-        """One Redis round trip (GCRA, above) when the cache is Redis; DRF's history list otherwise.
+    def plan(self, request, principal) -> tuple[str, int, int] | None:
+        """This request's GCRA check (key, interval, burst in µs), or None when it is not limited."""
+        rate = self.get_rate()
+        if rate is None:
+            return None
+        return (self.key_for(request, principal), *gcra_args(*self.parse_rate(rate)))
 
-        DRF's own throttle reads the client's whole request history (a pickled list of up to N
-        timestamps), trims it and writes it back: two round trips and O(N) work per request.
-        """
-        self.rate = self.get_rate()
-        if self.rate is None:
-            return True
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        location = _redis_location()
-        if location is None:
+    def allow_request(self, request, view):
+        """No Redis round trip of its own when the token check counted this limit with the token's
+        version (``request.rate_waits``, :class:`BearerTokenAuthentication`); one (GCRA) otherwise.
+        DRF's history list without Redis (the embedded demo)."""
+        if _redis_location() is None:
+            self.rate = self.get_rate()
+            self.num_requests, self.duration = self.parse_rate(self.rate)
             return super().allow_request(request, view)
-        self.key = self.get_cache_key(request, view)
-        if self.key is None:
+        plan = self.plan(request, request.auth)
+        if plan is None:
             return True
-        interval_us = max(1, round(self.duration * 1_000_000 / self.num_requests))
-        try:
-            wait_ms = _gcra_script(location)(keys=[self.key], args=[interval_us, interval_us * (self.num_requests - 1)])
-        except redis.RedisError:
-            log.warning("rate limit: Redis did not answer; request allowed", exc_info=True)
-            return True
+        key, interval_us, burst_us = plan
+        wait_ms = getattr(request._request, "rate_waits", {}).get(key)
+        if wait_ms is None:
+            try:
+                wait_ms = _gcra_script(_redis_location())(keys=[key], args=[interval_us, burst_us])
+            except redis.RedisError:
+                log.warning("rate limit: Redis did not answer; request allowed", exc_info=True)
+                return True
         self._wait_s = float(wait_ms) / 1000
         return not wait_ms
 
-    def get_cache_key(self, request, view):
-        principal = request.auth
+    def key_for(self, request, principal) -> str:
         if isinstance(principal, TokenPrincipal):
             ident = f"token:{principal.token.prefix}"
         elif request.user is not None and request.user.is_authenticated:
@@ -106,6 +96,9 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         else:
             ident = f"addr:{self.get_ident(request)}"
         return f"throttle:{self.scope}:{ident}"
+
+    def get_cache_key(self, request, view):  # DRF's own path (no Redis)
+        return self.key_for(request, request.auth)
 
     def wait(self):
         # Whole seconds, at least 1: what Retry-After says.
@@ -116,23 +109,23 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
 
 
 LIMIT_CACHE_S = 30  # a changed api_requests_per_minute applies within this long
+_limits: dict[int, tuple[float, int | None]] = {}  # tenant -> (read at, limit); this process's
 
 
 def tenant_rate_limit(tenant_id: int) -> int | None:
     """The tenant's ``api_requests_per_minute`` (its quota, plan, the default plan, the built-in default),
-    read through the cache so a request costs no query."""
-    from django.core.cache import cache
-
+    kept in the process for ``LIMIT_CACHE_S`` so a request costs no query and no round trip."""
     from accounts.models import Tenant
     from accounts.selectors import limits_for
 
-    key = f"limits:api_rate:{tenant_id}"
-    found = cache.get(key)
-    if found is None:
-        limit = limits_for(Tenant(pk=tenant_id)).api_requests_per_minute
-        found = -1 if limit is None else limit
-        cache.set(key, found, LIMIT_CACHE_S)
-    return None if found < 0 else found
+    now = time.monotonic()
+    found = _limits.get(tenant_id)
+    if found is None or now - found[0] > LIMIT_CACHE_S:
+        found = (now, limits_for(Tenant(pk=tenant_id)).api_requests_per_minute)
+        if len(_limits) > 10_000:
+            _limits.clear()
+        _limits[tenant_id] = found
+    return found[1]
 
 
 class TenantRateThrottle(TokenRateThrottle):
@@ -144,23 +137,46 @@ class TenantRateThrottle(TokenRateThrottle):
 
     scope = "tenant"
 
+    def plan(self, request, principal):
+        if not isinstance(principal, TokenPrincipal):
+            return None
+        self._tenant_id = principal.tenant.pk
+        return super().plan(request, principal)
+
     def allow_request(self, request, view):
-        principal = request.auth
-        self._tenant_id = principal.tenant.pk if isinstance(principal, TokenPrincipal) else None
-        if self._tenant_id is None:
+        if not isinstance(request.auth, TokenPrincipal):
             return True
-        self._override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # GPUSHARE_TENANT_API_RATE
-        self._limit = None if self._override else tenant_rate_limit(self._tenant_id)
+        self._tenant_id = request.auth.tenant.pk
         allowed = super().allow_request(request, view)
         if not allowed:
-            request._request.throttled_by_tenant = self._override or self._limit
+            request._request.throttled_by_tenant = self._limit_text()
         return allowed
 
     def get_rate(self):
-        if getattr(self, "_override", None):
-            return self._override
-        limit = getattr(self, "_limit", None)
+        override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # GPUSHARE_TENANT_API_RATE
+        if override or getattr(self, "_tenant_id", None) is None:
+            return override
+        limit = tenant_rate_limit(self._tenant_id)
         return None if limit is None else f"{limit}/min"
 
-    def get_cache_key(self, request, view):
-        return f"throttle:tenant:{self._tenant_id}"
+    def _limit_text(self):
+        override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        return override or tenant_rate_limit(self._tenant_id)
+
+    def key_for(self, request, principal):
+        return f"throttle:tenant:{principal.tenant.pk}"
+
+
+class BearerTokenAuthentication(authentication.BearerTokenAuthentication):
+    """The API's bearer tokens: the view's rate limits are counted in the same Redis round trip as
+    the token's version check (one round trip per request instead of three), and the throttles then
+    read the answers. Only when the rate limits live in the same Redis as the token versions."""
+
+    def rates(self, request):
+        view = (request.parser_context or {}).get("view")
+        if view is None or _redis_location() != settings.REDIS_URL:
+            return None
+        throttles = [t for t in view.get_throttles() if isinstance(t, TokenRateThrottle)]
+        if not throttles:
+            return None
+        return lambda principal: [plan for t in throttles if (plan := t.plan(request, principal)) is not None]

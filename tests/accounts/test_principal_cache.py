@@ -162,3 +162,30 @@ def test_revocation_in_another_process_is_seen_on_the_next_request(tenant):
         timeout=60,
     )
     assert_refused(client, "revoked")
+
+
+def test_a_warm_request_checks_the_token_and_both_rate_limits_in_one_redis_round_trip(issued, monkeypatch, settings):
+    """The version check carries the token's and the tenant's rate limits (gpushare.throttling): one
+    command per request, not three; the limits are still counted once each."""
+    import redis
+
+    redis_cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.REDIS_URL}
+    settings.CACHES = {"default": redis_cache}
+
+    from accounts.services import quota_set
+
+    quota_set(tenant=issued.token.tenant, actor=None, api_requests_per_minute=1000)
+    client = client_with(issued.plaintext)
+    warm(client)
+    sent = []
+    real = redis.Redis.execute_command
+    monkeypatch.setattr(
+        redis.Redis, "execute_command", lambda self, *args, **kw: sent.append(args[0]) or real(self, *args, **kw)
+    )
+    assert client.get("/api/v1/").status_code == 200
+    assert sent == ["EVALSHA"]
+    keys = [f"throttle:token:token:{issued.token.prefix}", f"throttle:tenant:{issued.token.tenant_id}"]
+    before = [principal_cache._redis().get(key) for key in keys]
+    assert client.get("/api/v1/").status_code == 200
+    after = [principal_cache._redis().get(key) for key in keys]
+    assert all(a is not None and b is not None and int(a) > int(b) for a, b in zip(after, before, strict=True))

@@ -40,6 +40,9 @@ def test_two_tokens_on_two_web_processes_share_the_tenants_allowance():
     tenant = TenantFactory(slug="rate-a")
     other = TenantFactory(slug="rate-b")
     quota_set(tenant=tenant, actor=None, api_requests_per_minute=20)
+    from accounts.principal_cache import _redis
+
+    _redis().delete(f"throttle:tenant:{tenant.pk}")  # a run within the minute before had a tenant of this id
     tokens = [token_for(tenant), token_for(tenant)]
     env = process_env({"GPUSHARE_API_RATE": "100000/min"})  # the per-token limit is out of the way
     servers = [_gunicorn(env), _gunicorn(env)]
@@ -77,8 +80,21 @@ def test_two_tokens_on_two_web_processes_share_the_tenants_allowance():
 
 
 @pytest.mark.django_db
-def test_two_tokens_of_one_tenant_share_its_allowance_in_process(rules, tenant, other_tenant, api_client_for):
+@pytest.mark.parametrize("counted_in", ["redis", "local memory"])
+def test_two_tokens_of_one_tenant_share_its_allowance_in_process(
+    rules, tenant, other_tenant, api_client_for, settings, counted_in
+):
+    """Each request spends one unit: in Redis the token check counts it (one round trip with the
+    token's version, once its principal is cached), without Redis DRF's history does."""
     from tests.api.helpers import assert_error
+
+    if counted_in == "redis":
+        settings.CACHES = {
+            "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.REDIS_URL}
+        }
+        from accounts.principal_cache import _redis
+
+        _redis().delete(f"throttle:tenant:{tenant.pk}")  # an earlier run's tenant of the same id
 
     quota_set(tenant=tenant, actor=None, api_requests_per_minute=3)
     first, second = api_client_for(tenant), api_client_for(tenant)

@@ -1,0 +1,37 @@
+"""GCRA, the generic cell rate algorithm, as Lua for Redis: the arithmetic every rate limit here shares.
+
+One key per client holds its "theoretical arrival time" (TAT); ``burst / interval + 1``
+requests may come at once, then one per ``interval``. Times are microseconds on Redis's own
+clock, so every web process agrees. A check answers 0 (allowed, and counted) or the
+milliseconds to wait (refused, not counted).
+
+Two scripts use it: ``gpushare.throttling`` (one limit per round trip) and
+``accounts.principal_cache`` (a token's version and every rate limit of the request together,
+one round trip for both). No Django here: plain strings.
+"""
+
+from __future__ import annotations
+
+GCRA_FUNCTION = """
+local function gcra(key, interval, burst, now)
+  local tat = tonumber(redis.call('GET', key) or now)
+  if tat < now then tat = now end
+  if tat - now > burst then return math.ceil((tat - now - burst) / 1000) end
+  local ttl = math.ceil((tat + interval - now) / 1000) + 1000
+  redis.call('SET', key, string.format('%d', tat + interval), 'PX', ttl)
+  return 0
+end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+"""
+
+# KEYS[1] the client's key; ARGV interval and burst (µs).
+GCRA = GCRA_FUNCTION + "return gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now_us())\n"
+
+
+def gcra_args(num_requests: int, duration_s: float) -> tuple[int, int]:
+    """``(interval, burst)`` in microseconds for "num_requests per duration_s"."""
+    interval = max(1, round(duration_s * 1_000_000 / num_requests))
+    return interval, interval * (num_requests - 1)
