@@ -76,16 +76,22 @@ class KeysetPagination(BasePagination):
             raise _error(f"page_size must be a whole number from 1 to {self.max_page_size}", "page_size")
         return min(int(raw), self.max_page_size)
 
-    def paginate_queryset(self, queryset, request, view=None):
+    def window(self, request) -> tuple[str, tuple[datetime, int] | None, int]:
+        """``(direction, key, size)`` the request asks for: ``n`` (older than ``key``, or the newest when
+        ``key`` is None) or ``p`` (newer than ``key``), ``size`` rows; ApiError (400) for a bad one."""
         if "page" in request.query_params:
             raise _error("this list pages by cursor: follow the 'next' link (there is no ?page=)", "page")
         size = self.page_size_for(request)
         raw = request.query_params.get("cursor")
-        direction, key = "n", None
-        if raw is not None:
-            direction, at, pk = cursor_decode(raw)
-            key = (at, pk)
-        table, field = queryset.model._meta.db_table, self.time_field
+        if raw is None:
+            return "n", None, size
+        direction, at, pk = cursor_decode(raw)
+        return direction, (at, pk), size
+
+    @classmethod
+    def ordered(cls, queryset, direction: str, key: tuple[datetime, int] | None, size: int):
+        """The query of a page: one more row than ``size``, to know whether there are more."""
+        table, field = queryset.model._meta.db_table, cls.time_field
         column = queryset.model._meta.get_field(field).column
         if key is None:
             ordered = queryset.order_by(f"-{field}", "-id")
@@ -95,7 +101,14 @@ class KeysetPagination(BasePagination):
         else:
             ordered = queryset.extra(where=[f'("{table}"."{column}", "{table}"."id") > (%s, %s)'], params=list(key))
             ordered = ordered.order_by(field, "id")
-        rows = list(ordered[: size + 1])
+        return ordered[: size + 1]
+
+    def paginate_queryset(self, queryset, request, view=None):
+        direction, key, size = self.window(request)
+        return self.paginate_rows(list(self.ordered(queryset, direction, key, size)), request, direction, key, size)
+
+    def paginate_rows(self, rows: list, request, direction: str, key, size: int) -> list:
+        """The page from the rows of :meth:`ordered`'s query (run by the caller: e.g. a prepared query)."""
         more = len(rows) > size
         rows = rows[:size]
         if direction == "p":
