@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -192,12 +192,47 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, 
     return mode, priority
 
 
+@functools.cache
+def _job_insert_sql() -> tuple[list, str]:
+    """The fields a new job's row is written from (all but the id, as ``Model.save()`` writes them, so a
+    column added to Job later is covered) and the statement that writes it with its "submitted" event."""
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    return fields, (
+        f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
+        " RETURNING id, tenant_id, submitted_at) "
+        f"INSERT INTO {quote(JobEvent._meta.db_table)} (tenant_id, job_id, at, from_state, to_state, detail) "
+        "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id"
+    )
+
+
+def job_insert(job: Job) -> Job:
+    """Write a new queued ``job`` and its "submitted" event; ``job`` gets its id.
+
+    On PostgreSQL one statement, the values prepared by the model's own fields as ``save()`` would
+    (``pre_save``: ``submitted_at``): the ORM spent ~1.5 ms of CPU per submit building two inserts.
+    Elsewhere (the SQLite demo) ``save()`` and a ``create()``.
+    """
+    if connection.vendor != "postgresql":
+        job.save(force_insert=True)
+        JobEvent.objects.create(tenant_id=job.tenant_id, job=job, to_state=JobState.QUEUED, detail="submitted")
+        return job
+    fields, sql = _job_insert_sql()
+    params = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, JobState.QUEUED])
+        job.pk = cursor.fetchone()[0]
+    job._state.adding, job._state.db = False, connection.alias
+    return job
+
+
 @admitted_again_once
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
     mode, priority = job_checked(tenant=tenant, spec=spec)
     with tenant_scope(tenant):
-        job = Job.objects.create(
+        job = Job(
             tenant=tenant,
             submitted_by=user if getattr(user, "pk", None) else None,
             name=spec.name,
@@ -213,7 +248,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             max_runtime_s=spec.max_runtime_s or priority.default_max_runtime_s,
             pending_reason="waiting for the next scheduling pass",
         )
-        JobEvent.objects.create(tenant=tenant, job=job, to_state=JobState.QUEUED, detail="submitted")
+        job_insert(job)
         webhook_emit.job_state_changed(job, from_state=None, detail="submitted")
     schedule_soon()
     return job

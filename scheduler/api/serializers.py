@@ -17,7 +17,7 @@ from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
 from ..models import MILLI_PER_GPU, Job, JobArray, JobKind, JobState
 from ..selectors import job_gpu_uuids
 from ..services import JobSpec
-from .selectors import JOB_API_COLUMNS, queue_positions
+from .selectors import JOB_API_COLUMNS, queue_positions_page
 
 MAX_COMMAND_ARGS = 1000
 MAX_ARG_LEN = 8192
@@ -360,7 +360,7 @@ class JobSerializer(serializers.ModelSerializer):
             return job.api_queue_position
         positions = self.context.get("queue_positions")
         if positions is None:
-            positions = queue_positions(tenant=job.tenant_id, job_ids=[job.pk])
+            positions = queue_positions_page(tenant=job.tenant_id, job_ids=[job.pk])  # raw SQL, no ORM build
         return positions.get(job.pk)
 
     @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=10, coerce_to_string=True))

@@ -15,7 +15,7 @@ from django_scopes import scopes_disabled
 
 from admission.selectors import job_counts
 from console.services import job_priority_change
-from scheduler.api.selectors import queue_positions
+from scheduler.api.selectors import queue_positions, queue_positions_page
 from scheduler.array_services import job_array_cancel, job_array_submit
 from scheduler.arrays import array_parse
 from scheduler.models import OPEN_STATES, Job, JobState, OpenJob, PriorityClass
@@ -56,6 +56,8 @@ def assert_table_true(tenants):
             )
         assert job_counts(tenant) == counted
         shown.update(queue_positions(tenant=tenant, job_ids=ids))
+        for one in ids:  # one job at a time, as a submit's answer asks
+            assert queue_positions_page(tenant=tenant, job_ids=[one]) == queue_positions(tenant=tenant, job_ids=[one])
     assert shown == ranking()
 
 
