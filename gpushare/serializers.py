@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from decimal import Decimal
 
@@ -64,6 +65,24 @@ class StrictStrings:
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
+
+
+class FieldsBuiltOnce:
+    """Serializer mixin: the fields are built and bound once per thread and class, not for every instance.
+
+    DRF deep-copies every declared field (and its validators) each time a serializer is made: ~0.7 ms of
+    CPU in a submit of ~6. Only for input serializers whose fields keep nothing of a request and read no
+    context: the shared fields' parent is the first instance this thread made.
+    """
+
+    _built = threading.local()
+
+    @property
+    def fields(self):
+        found = self._built.__dict__.get(type(self))
+        if found is None:
+            found = self._built.__dict__[type(self)] = serializers.Serializer.fields.func(self)
+        return found
 
 
 EXACT = Decimal("0.0000000001")  # the platform's money: Decimal with 10 places (billing.rating.EXACT)

@@ -11,7 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.agent.imageref import image_check
-from gpushare.serializers import StrictStrings, money_exact
+from gpushare.serializers import FieldsBuiltOnce, StrictStrings, money_exact
 
 from ..arrays import MAX_TASKS, ArrayError, ArraySpec, array_parse
 from ..models import MILLI_PER_GPU, Job, JobArray, JobKind, JobState
@@ -128,7 +128,7 @@ class ArrayField(serializers.Field):
         return value
 
 
-class JobCreateSerializer(StrictStrings, serializers.Serializer):
+class JobCreateSerializer(FieldsBuiltOnce, StrictStrings, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     kind = serializers.ChoiceField(choices=JobKind.choices)
     gpus = GpusField()
