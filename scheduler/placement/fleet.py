@@ -29,7 +29,11 @@ compared in order (see :mod:`.score` for the terms that read the workload):
    whole-GPU work of the mix);
 5. the fit: an exact one (the gang fills the node's idle GPUs; the slice
    fills the GPU's room), then a partly used node, and only then a node
-   with every GPU idle (kept whole for gangs);
+   with every GPU idle (kept whole for gangs); a slice that would leave the
+   room on its GPU without the CPU the mix's slices need to fill it
+   (``Mix.slice_cpu``) ranks half a step later: after a partly used node
+   that keeps it usable, still before a whole node (or, on a whole node,
+   after one that keeps it);
 6. the fleet's order (first fit): load goes to the front of the fleet, the
    rest stays whole for what comes next;
 7. on one node, the smaller card (for slices and for work that names no
@@ -602,6 +606,7 @@ class Fleet:
         low = cpu.bit_length() if cpu > 0 else 0
         share = request.share_milli
         scarce = bool(self.mix.scarce)
+        least_cpu, slice_cpu = self.mix.least_cpu, self.mix.slice_cpu
         for band, entries in bucket.bands.items():
             if band < low:
                 continue  # too little CPU free on every node of the band
@@ -640,15 +645,25 @@ class Fleet:
                     continue
                 node = self.nodes[gpu.node]
                 lost = self.scarce_lost(node, model, request, ("share", gpu.free_milli, share)) if scarce else 0
-                strands = 0 if shared else _strands(node, len(per_node[name]) - 1, request, self.mix.least_cpu)
+                # idle GPUs the slice leaves on the node (a shared GPU's node: not judged, see below)
+                idle_left = 0 if shared else len(per_node[name]) - 1
+                strands = 0 if shared else _strands(node, idle_left, request, least_cpu)
                 fit = exact
-                if not shared and len(per_node[name]) == self._gpu_count(node, model):
+                if not shared and idle_left + 1 == self._gpu_count(node, model):
                     fit = 2  # the first slice on a node with every GPU idle: breaks a whole node
+                # half a step later: a slice that leaves room on its GPU without the CPU the mix's slices need to
+                # fill it (on top of what the idle GPUs left need; filling a shared GPU, only the room is judged)
+                roomless = False  # CPU only: the room adds no memory need, and the idle GPUs' own is met (strands 0)
+                if slice_cpu and not strands and node.cpu_milli and gpu.free_milli != share:
+                    need = idle_left * (least_cpu if least_cpu > cpu else cpu) + (gpu.free_milli - share) * slice_cpu
+                    if node.cpu_milli - node.used_cpu_milli - cpu < need:
+                        roomless = True
+                        fit += 0.5
                 key = (*model_key, lost, strands, fit, order, self.model_memory[model])
                 if best[0] is None or key < best[0]:
                     best[0], best[1] = key, gpu
                 looked += 1
-                if not (lost or strands) or looked >= CANDIDATES_PER_BUCKET:
+                if not (lost or strands or roomless) or looked >= CANDIDATES_PER_BUCKET:
                     break
 
     def _slice_fits(self, gpu: GpuSlot, request: Request, end_ms: float) -> bool:

@@ -81,6 +81,7 @@ class Mix:
         self.constrained: dict[str, float] = {}  # model -> share of GPU demand that may only run on a set with it
         self.version = 0
         self.least_cpu = 0.0  # see refresh
+        self.slice_cpu = 0.0  # see refresh
         self._next_refresh = 1
 
     def add(self, request: Request, weight: float = 1.0) -> None:
@@ -139,6 +140,10 @@ class Mix:
         # the least CPU per GPU that whole-GPU work of the mix asks for (a slice that leaves an idle GPU less
         # strands it: see Fleet's slice scan)
         self.least_cpu = min((c[3] / c[1] for c in classes if c[1] >= 1 and c[2] == WHOLE and c[3]), default=0.0)
+        # the least CPU per GPU thousandth that slices of the mix ask for: the room a slice leaves on its GPU
+        # needs at least that much per thousandth to be filled (a half of 8 cores: 16 cores per GPU; see
+        # Fleet's slice scan). A class asking no CPU makes it 0: any room can be filled.
+        self.slice_cpu = min((c[3] / c[2] for c in classes if c[1] == 1 and 0 < c[2] < WHOLE), default=0.0)
         # The scarce classes: fewer places left than requests of them expected. The fragmentation the
         # core scores is against these.
         self.scarce = [c for c, scarce in zip(classes, scarcity, strict=True) if scarce]

@@ -1,7 +1,8 @@
 """The placement core's speed-ups change no decision: seeded random replays against decisions recorded with
 the core before them (first at commit 1fe8614, the scarcity-aware core of #17 before its speed work; recorded
 again, deliberately, when the mix's gang classes changed: every gang class kept, CPU in quarter-octaves,
-scarce at 3/4 of the places, measured on the openb sweep as no worse).
+scarce at 3/4 of the places, measured on the openb sweep as no worse; and again in session 7, when a slice
+that leaves the room on its GPU without the CPU the mix's slices need began to rank half a fit later).
 
 Each scenario is a random fleet (60 to 700 nodes, several models, two of them alike in memory and price so
 that ties between models matter, nodes with more than one model, 1 to 8 GPUs, tracked and untracked host CPU

@@ -129,6 +129,40 @@ def test_a_slice_does_not_leave_an_idle_gpu_without_the_cpu_whole_gpu_work_needs
     assert plain.placements[0].node == "a"
 
 
+def test_a_slice_does_not_leave_the_room_on_its_gpu_without_the_cpu_the_mix_s_slices_need():
+    # The mix: whole GPUs of 3 cores, halves of 8 (16 cores per GPU of slices). "a" (16 cores, first in the
+    # fleet's order) and "b" (104 cores) each hold a whole GPU. A half of 12 cores on "a" would leave its other
+    # half-GPU with 1 core, which no slice of the mix can use (the issue #17 replay of gpushare100 lost ~9 GPUs
+    # this way on its 16-core, 2-GPU nodes); on "b" the room keeps 89 cores.
+    def host(name: str, cores: int) -> NodeSlot:
+        n = node(name, 2)
+        n.cpu_milli, n.memory_mib = cores * 1000, 262_144
+        return n
+
+    def place(request: Request, held: list, recent: tuple) -> str:
+        result = plan([host("a", 16), host("b", 104)], [request], running=held, policy=Policy(recent=recent))
+        return result.placements[0].node
+
+    mix = tuple([ded(0, 1, cpu_milli=3000), shr(0, 500, cpu_milli=8000)] * 3)
+    held = [running(90, "a", [0], cpu_milli=3000), running(91, "b", [0], cpu_milli=3000)]
+    assert place(shr(1, 500, cpu_milli=12_000), held, mix) == "b"
+    # a half that leaves the room the CPU to fill it stays at the front of the fleet
+    assert place(shr(1, 500, cpu_milli=4000), held, mix) == "a"
+    # with slices in the mix that ask no CPU, any room can be filled: the fleet's order decides
+    thrifty = tuple([ded(0, 1, cpu_milli=3000), shr(0, 500)] * 3)
+    assert place(shr(1, 500, cpu_milli=12_000), held, thrifty) == "a"
+    # filling part of a shared GPU's room is judged alike: each node holds a whole GPU and a quarter on its
+    # other GPU; a quarter of 8 cores into a's room would leave 1 core for the half left there
+    held = [
+        running(90, "a", [0], cpu_milli=3000),
+        running(91, "a", [1], share=250, cpu_milli=4000),
+        running(92, "b", [0], cpu_milli=3000),
+        running(93, "b", [1], share=250, cpu_milli=4000),
+    ]
+    assert place(shr(1, 250, cpu_milli=8000), held, mix) == "b"
+    assert place(shr(1, 250, cpu_milli=500), held, mix) == "a"
+
+
 def test_cpu_only_requests_go_to_nodes_without_gpus_first():
     cpu = NodeSlot(name="cpu", gpus=[], cpu_milli=32_000, memory_mib=65_536)
     gpu = node("gpu", 2)
