@@ -12,6 +12,7 @@ Slurm runs with its defaults and with the tuned profile (slurm.TUNED).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -211,6 +212,8 @@ def array_measure(system, *, n: int, out: dict, drain_timeout: float, log) -> No
 def rows_for(ours: dict, slurm: dict[str, dict]) -> list[Row]:
     """The table: our figures against each Slurm profile (goals vs the profile they name)."""
     rows: list[Row] = []
+    if not slurm:  # BENCH_SKIP_SLURM: our figures are in the log and the JSON only
+        return rows
     best_submit = {c: max(s[f"submit_{c}c_per_s"] for s in slurm.values()) for c in CLIENTS}
     for profile, theirs in slurm.items():
         ref = f"slurm {profile}"
@@ -297,9 +300,10 @@ def run(ctx) -> tuple[list[Row], dict]:
     stamp_dir = ctx.workdir / "stamps"
     results: dict = {"ours": None, "slurm": {}}
     # Slurm first, before our stack is started, so that each side has the cores to itself.
+    # BENCH_SKIP_SLURM=1: gpushare alone (A/B runs of two trees; the figures are in the log and the JSON).
     cluster = SlurmCluster(ctx.workdir / "slurm")
     try:
-        for profile in ("defaults", "tuned"):
+        for profile in () if os.environ.get("BENCH_SKIP_SLURM") else ("defaults", "tuned"):
             ctx.log(f"vs-slurm: slurm {profile}")
             cluster.start(profile)
             results["slurm"][profile] = measure(
