@@ -59,9 +59,13 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
     def get_rate(self):
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
+    def rate_for(self, principal) -> str | None:
+        """The rate that applies to this request's principal ("N/period"), None when it is not limited."""
+        return self.get_rate()
+
     def plan(self, request, principal) -> tuple[str, int, int] | None:
         """This request's GCRA check (key, interval, burst in µs), or None when it is not limited."""
-        rate = self.get_rate()
+        rate = self.rate_for(principal)
         if rate is None:
             return None
         return (self.key_for(request, principal), *gcra_args(*self.parse_rate(rate)))
@@ -70,8 +74,9 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         """No Redis round trip of its own when the token check counted this limit with the token's
         version (``request.rate_waits``, :class:`BearerTokenAuthentication`); one (GCRA) otherwise.
         DRF's history list without Redis (the embedded demo)."""
-        if _redis_location() is None:
-            self.rate = self.get_rate()
+        location = _redis_location()
+        if location is None:
+            self.rate = self.rate_for(request.auth)
             self.num_requests, self.duration = self.parse_rate(self.rate)
             return super().allow_request(request, view)
         plan = self.plan(request, request.auth)
@@ -81,7 +86,7 @@ class TokenRateThrottle(throttling.SimpleRateThrottle):
         wait_ms = getattr(request._request, "rate_waits", {}).get(key)
         if wait_ms is None:
             try:
-                wait_ms = _gcra_script(_redis_location())(keys=[key], args=[interval_us, burst_us])
+                wait_ms = _gcra_script(location)(keys=[key], args=[interval_us, burst_us])
             except redis.RedisError:
                 log.warning("rate limit: Redis did not answer; request allowed", exc_info=True)
                 return True
@@ -137,31 +142,23 @@ class TenantRateThrottle(TokenRateThrottle):
 
     scope = "tenant"
 
-    def plan(self, request, principal):
+    def limit_for(self, principal):
+        """The tenant's allowance as the 429 names it: GPUSHARE_TENANT_API_RATE, else its per-minute limit."""
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope) or tenant_rate_limit(principal.tenant.pk)
+
+    def rate_for(self, principal):
         if not isinstance(principal, TokenPrincipal):
             return None
-        self._tenant_id = principal.tenant.pk
-        return super().plan(request, principal)
+        limit = self.limit_for(principal)
+        return limit if limit is None or isinstance(limit, str) else f"{limit}/min"
 
     def allow_request(self, request, view):
         if not isinstance(request.auth, TokenPrincipal):
             return True
-        self._tenant_id = request.auth.tenant.pk
         allowed = super().allow_request(request, view)
         if not allowed:
-            request._request.throttled_by_tenant = self._limit_text()
+            request._request.throttled_by_tenant = self.limit_for(request.auth)
         return allowed
-
-    def get_rate(self):
-        override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # GPUSHARE_TENANT_API_RATE
-        if override or getattr(self, "_tenant_id", None) is None:
-            return override
-        limit = tenant_rate_limit(self._tenant_id)
-        return None if limit is None else f"{limit}/min"
-
-    def _limit_text(self):
-        override = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
-        return override or tenant_rate_limit(self._tenant_id)
 
     def key_for(self, request, principal):
         return f"throttle:tenant:{principal.tenant.pk}"

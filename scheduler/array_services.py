@@ -19,7 +19,7 @@ from accounts.tenancy import acts_for_tenant, tenant_scope
 from .arrays import ArraySpec
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
-from .services import JobError, JobSpec, job_cancel, job_checked, schedule_soon
+from .services import EVENT_COLUMNS, JobError, JobSpec, job_cancel, job_checked, job_row_fields, schedule_soon
 
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
 
@@ -77,7 +77,7 @@ def tasks_insert(template: Job, indices) -> list[int]:
     of values cost ~60-130 ms, most of it building them in Python. Elsewhere bulk_create.
     """
     indices = list(indices)
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key and f.attname != "array_index"]
+    fields = job_row_fields(but=("array_index",))
     for f in fields:
         if getattr(f, "auto_now_add", False) and getattr(template, f.attname) is None:
             setattr(template, f.attname, timezone.now())
@@ -106,13 +106,13 @@ def submitted_events_insert(*, tenant_id: int, at, job_ids: list[int]) -> None:
     if connection.vendor != "postgresql":
         rows_insert(
             JobEvent,
-            ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"),
+            tuple(EVENT_COLUMNS.split(", ")),
             [(tenant_id, job_id, at, "", JobState.QUEUED, "submitted") for job_id in job_ids],
         )
         return
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {JobEvent._meta.db_table} (tenant_id, job_id, at, from_state, to_state, detail) "
+            f"INSERT INTO {JobEvent._meta.db_table} ({EVENT_COLUMNS}) "
             "SELECT %s, j, %s, '', %s, 'submitted' FROM unnest(%s::bigint[]) AS j",
             [tenant_id, at, JobState.QUEUED, job_ids],
         )

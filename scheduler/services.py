@@ -192,17 +192,26 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> tuple[str, 
     return mode, priority
 
 
+# The columns of a job's timeline event, as the raw inserts of a submit write them (job_insert, tasks).
+EVENT_COLUMNS = "tenant_id, job_id, at, from_state, to_state, detail"
+
+
+def job_row_fields(*, but: tuple[str, ...] = ()) -> list:
+    """The fields a new job's row is written from: all but the id (and ``but``), as ``Model.save()`` writes
+    them, so a column added to Job later is covered by the raw inserts."""
+    return [f for f in Job._meta.concrete_fields if not f.primary_key and f.attname not in but]
+
+
 @functools.cache
 def _job_insert_sql() -> tuple[list, str]:
-    """The fields a new job's row is written from (all but the id, as ``Model.save()`` writes them, so a
-    column added to Job later is covered) and the statement that writes it with its "submitted" event."""
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    """:func:`job_row_fields` and the statement that writes a job with its "submitted" event."""
+    fields = job_row_fields()
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
     return fields, (
         f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
         " RETURNING id, tenant_id, submitted_at) "
-        f"INSERT INTO {quote(JobEvent._meta.db_table)} (tenant_id, job_id, at, from_state, to_state, detail) "
+        f"INSERT INTO {quote(JobEvent._meta.db_table)} ({EVENT_COLUMNS}) "
         "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id"
     )
 

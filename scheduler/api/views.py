@@ -118,8 +118,9 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # pollers ask) the page's query is compiled once (gpushare.prepared), not on every request.
         if request.query_params.keys().isdisjoint(JobFilter.base_filters):
             direction, key, size = self.paginator.window(request)
-            at, job_id = key or (None, None)
-            values = {"tenant_id": self.tenant.pk} | ({"at": at, "job_id": job_id} if key else {})
+            values = {"tenant_id": self.tenant.pk}
+            if key:
+                values["at"], values["job_id"] = key
             rows = JOB_PAGE.rows((direction, key is not None, size), **values)
             page = self.paginator.paginate_rows(rows, request, direction, key, size)
         else:
