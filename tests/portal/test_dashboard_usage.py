@@ -53,14 +53,17 @@ def test_usage_page_sums_by_day_model_and_job(client_for, tenant, other_tenant, 
     owner = client_for(tenant)
     a = job_ran(job_make(tenant, user=owner.user, name="a"), node, windows=3, window_ms=60_000, amount="0.1")
     b = job_ran(job_make(tenant, user=owner.user, name="b"), node, windows=2, window_ms=60_000, amount="0.25")
-    job_ran(job_make(other_tenant, name="theirs"), node, windows=5, amount="9")
+    theirs = job_ran(job_make(other_tenant, name="theirs"), node, windows=5, amount="9.1111")
     page = owner.get(reverse("portal:usage")).content.decode()
     # 3 x 0.10 + 2 x 0.25, theirs excluded: to the cent on the page, the exact figure on hover.
     assert '<div class="stat" id="usage-total"><span class="money" title="$0.80 exact">$0.80</span></div>' in page
     assert f'<tr data-job="{b.pk}">' in page and f'<tr data-job="{a.pk}">' in page
     assert page.index(f'data-job="{b.pk}"') < page.index(f'data-job="{a.pk}"')  # most expensive first
     assert "0.083" in page  # 5 GPU-minutes = 0.083 GPU-hours
-    assert "theirs" not in page and "$9" not in page
+    # Their $45.5555 is in no figure and their job in no row. (Not `"$9" not in page`: the month-end
+    # projection scales $0.80 by the month's elapsed share and reads $9.xx on some days.)
+    assert "theirs" not in page and f'data-job="{theirs.pk}"' not in page
+    assert "$45.5555" not in page and "$45.56" not in page and "$9.1111" not in page
     last_month = owner.get(reverse("portal:usage") + "?month=2001-01").content.decode()
     assert "No usage metered in January 2001" in last_month
     assert owner.get(reverse("portal:usage") + "?month=garbage").status_code == 200
