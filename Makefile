@@ -4,13 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint format bench chaos clean help
+.PHONY: run test lint format bench chaos native clean help
 
 help:
 	@echo "make run    - start the whole platform on embedded defaults (http://127.0.0.1:8000)"
 	@echo "make test   - lint, checks and the whole test suite on PostgreSQL and Redis"
 	@echo "make bench  - benchmarks (tables + bench/results/*.json)"
 	@echo "make lint   - ruff"
+	@echo "make native - compile the placement core with mypyc (test, bench and chaos do it first)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +30,10 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 run: $(VENV)/.installed
 	$(BIN)/python scripts/run.py
 
-test: $(VENV)/.installed-dev
+native: $(VENV)/.installed-dev
+	$(BIN)/python scripts/native_build.py
+
+test: native
 	$(BIN)/python scripts/services_check.py
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
@@ -46,13 +50,13 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(VENV)/.installed-dev
+bench: native
 	$(BIN)/python scripts/services_check.py
 	$(BIN)/python -m bench
 
-chaos: $(VENV)/.installed-dev
+chaos: native
 	$(BIN)/python scripts/services_check.py
 	$(BIN)/python -m chaos
 
 clean:
-	rm -rf var staticfiles .pytest_cache
+	rm -rf var staticfiles .pytest_cache build

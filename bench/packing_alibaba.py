@@ -492,6 +492,13 @@ def line(variant: str, shares: str, cpu_only: str, summary: dict) -> str:
     )
 
 
+def core_build() -> str:
+    """Which core made the decisions: compiled (mypyc) or plain Python, and why (see scheduler/placement/native.py)."""
+    from scheduler.placement import native
+
+    return "core compiled (mypyc)" if native.compiled() else f"core plain Python ({native.reason})"
+
+
 def run(quick: bool = False) -> dict:
     """For ``python -m bench``: the sweep as rows (quick: four variants, one seed, CPU-only tasks placed by
     each policy)."""
@@ -529,7 +536,7 @@ def run(quick: bool = False) -> dict:
                 "goal": ">= 20000",
                 "goal_met": ours["core_decisions_per_cpu_s"] >= 20000,
                 "runs": ours["runs"],
-                "note": f"wall inside the core {ours['decisions_per_s']:,.0f}/s (shared machine);"
+                "note": f"{core_build()}; wall inside the core {ours['decisions_per_s']:,.0f}/s (shared machine);"
                 f" GPUs both whole and sliced: {ours['mixed_gpus']}",
             }
         )
@@ -573,7 +580,7 @@ def main(argv: list[str]) -> None:
     ]
     print(
         f"{len(summary) // len(POLICIES)} rows, gpushare behind the best baseline on {len(behind)}; "
-        f"{time.perf_counter() - started:.0f} s, {seeds} seed(s)"
+        f"{time.perf_counter() - started:.0f} s, {seeds} seed(s); {core_build()}"
     )
 
 

@@ -7,8 +7,12 @@ decisions in one transaction; benchmarks and the operator console's what-if
 preview call :func:`plan` directly.
 """
 
-from .core import Session, plan, queue_order
-from .data import (
+from . import native
+
+native.install()  # the compiled core when a current build exists (before any module of it is imported)
+
+from .core import Session, plan, queue_order  # noqa: E402
+from .data import (  # noqa: E402
     ANY,
     DEDICATED_ONLY,
     NEVER,
@@ -24,7 +28,7 @@ from .data import (
     Request,
     Running,
 )
-from .fairshare import standing, usage_accumulate, usage_decay
+from .fairshare import standing, usage_accumulate, usage_decay  # noqa: E402
 
 __all__ = [
     "ANY",

@@ -73,7 +73,7 @@ class _Planner:
         self._no_fit: dict[tuple, float] = {}  # shape -> earliest end for which it did not fit
         self._no_fit_anywhere: set[tuple] = set()  # shapes that do not fit even ignoring reservations
         self._stopping_no_help: set[tuple] = set()
-        self._preempt_failed: dict[tuple, int] = {}  # shape -> highest rank that found no victims
+        self._preempt_failed: dict[tuple, float] = {}  # shape -> highest rank that found no victims
         self._capacity_blocked: list[Request] = []
         self._behind_head: set[int] = set()
         self._named: dict[int, dict[str, int]] = {}
@@ -91,19 +91,19 @@ class _Planner:
         # picked them when they launched).
         for job in sorted(running, key=lambda j: (j.started_ms, j.job_id)):
             if job.share_milli < WHOLE and len(job.gpu_uuids) == 1:
-                gpu = gpus.get(job.gpu_uuids[0])
-                if gpu is not None and gpu.mig is not None:
-                    mig_take(gpu, job.share_milli)
+                held = gpus.get(job.gpu_uuids[0])
+                if held is not None and held.mig is not None:
+                    mig_take(held, job.share_milli)
         for job in running:
             for uuid in job.gpu_uuids:
-                gpu = gpus.get(uuid)
-                if gpu is None:
+                held = gpus.get(uuid)
+                if held is None:
                     continue
-                gpu.holders.append((job.end_ms, job.share_milli, job.job_id))
-                gpu.used_milli += job.share_milli
-                gpu.dedicated = gpu.dedicated or job.share_milli >= WHOLE
+                held.holders.append((job.end_ms, job.share_milli, job.job_id))
+                held.used_milli += job.share_milli
+                held.dedicated = held.dedicated or job.share_milli >= WHOLE
                 if job.share_milli < WHOLE:
-                    gpu.used_memory_mb += job.gpu_memory_mb or job.share_milli * gpu.memory_mb // WHOLE
+                    held.used_memory_mb += job.gpu_memory_mb or job.share_milli * held.memory_mb // WHOLE
             node = by_name.get(job.node)
             if node is not None:
                 node.used_cpu_milli += job.cpu_milli
@@ -138,11 +138,11 @@ class _Planner:
         for request in self.policy.recent:
             fleet.mix.add(request)
         fleet.refresh_mix()
-        self._unlearned: dict[int, list[Request]] = {}  # queued requests by rank, added to the mix rank by rank
+        self._unlearned = {}  # queued requests by rank, added to the mix rank by rank
         for request in queue:
             self._unlearned.setdefault(request.rank, []).append(request)
         # rank -> model -> constrained requests of that rank naming it that are not placed (yet)
-        self._named: dict[int, dict[str, int]] = {}
+        self._named = {}
         for request in queue:
             for model in request.models:
                 per_rank = self._named.setdefault(request.rank, {})

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from heapq import merge
+from typing import Any
 
 from .data import ANY, DEDICATED_ONLY, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request, mig_need, mig_take
 from .score import Frag, Mix
@@ -77,17 +78,19 @@ class _Ordered:
 
     def __init__(self):
         self.bands: dict[int, list[tuple[int, str]]] = {}
-        self.items: dict[str, tuple[int, tuple[int, str], object]] = {}
+        self.items: dict[str, tuple[int, tuple[int, str], Any]] = {}
         self.size = 0
-        self.first = NO_ORDER  # the lowest place in the fleet's order of any item (a bucket nothing beats is skipped)
+        # the lowest place in the fleet's order of any item (a bucket nothing beats is skipped); a float:
+        # NO_ORDER is infinite
+        self.first: float = NO_ORDER
 
-    def add(self, key: str, item, order: int, band: int) -> None:
+    def add(self, key: str, item: Any, order: int, band: int) -> None:
         entry = (order, key)
         insort(self.bands.setdefault(band, []), entry)
         self.items[key] = (band, entry, item)
         self.size += 1
         if order < self.first:
-            self.first = order
+            self.first = float(order)
 
     def remove(self, key: str) -> int:
         """Drop ``key``; its band."""
@@ -101,7 +104,7 @@ class _Ordered:
             first = NO_ORDER
             for entries in self.bands.values():
                 if entries[0][0] < first:
-                    first = entries[0][0]
+                    first = float(entries[0][0])
             self.first = first
         return band
 
@@ -275,7 +278,9 @@ class Fleet:
 
     def _room_drop(self, gpu: GpuSlot) -> None:
         buckets = self.room.get(gpu.model)
-        bucket = buckets.get(gpu.free_milli) if buckets else None
+        if buckets is None:
+            return
+        bucket = buckets.get(gpu.free_milli)
         if not bucket or gpu.uuid not in bucket:
             return
         bucket.remove(gpu.uuid)
@@ -455,8 +460,10 @@ class Fleet:
         need = request.count
         if need == 0:
             return self.find_host(request)
-        best: tuple[tuple, NodeSlot, list[GpuSlot]] | None = None
-        best5 = best6 = None  # the best key's first five and six terms (compared with the bounds)
+        # the best key, its node and GPUs (a list, or the node's idle GPUs of the model by uuid)
+        best: tuple[tuple, NodeSlot, Any] | None = None
+        best5: tuple = ()  # the best key's first five and six terms (compared with the bounds once there is one)
+        best6: tuple = ()
         reserved = bool(self.reserved)
         cpu, memory = request.cpu_milli, request.memory_mib
         low = cpu.bit_length() if cpu > 0 else 0
@@ -499,7 +506,7 @@ class Fleet:
                     for order, name in entries:
                         if limit is not None and order > limit:
                             break
-                        node = items[name][2]
+                        node: NodeSlot = items[name][2]
                         if (cpu and node.cpu_milli and node.used_cpu_milli + cpu > node.cpu_milli) or (
                             memory and node.memory_mib and node.used_memory_mib + memory > node.memory_mib
                         ):  # not node.host_fits(cpu, memory), inline: the hottest test of the scan
@@ -535,11 +542,10 @@ class Fleet:
                             break
         if best is None:
             return None
-        node, gpus = best[1], best[2]
-        if not isinstance(gpus, list):
-            gpus = list(gpus.values())  # all of the node's idle GPUs of the model
-        gpus.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
-        return node, gpus[:need]
+        chosen = best[2]
+        found: list[GpuSlot] = chosen if isinstance(chosen, list) else list(chosen.values())  # all idle of the model
+        found.sort(key=lambda g: g.reservation != DEDICATED_ONLY)  # keep any-use GPUs for slices
+        return best[1], found[:need]
 
     def find_host(self, request: Request) -> tuple[NodeSlot, list[GpuSlot]] | None:
         """A CPU-only request: the first node without GPUs that fits; else, of the nodes with GPUs in the
@@ -585,22 +591,32 @@ class Fleet:
                         if (*model_key, 0, 0, free != share, buckets[free].first) >= best[0]:
                             continue  # every GPU of the bucket is later in the order than the best
                     self._slice_scan(buckets[free], model, model_key, request, end_ms, best, True, int(free != share))
-            buckets = self.idle_shared.buckets.get(model)
-            if buckets:
+            idle_buckets = self.idle_shared.buckets.get(model)
+            if idle_buckets:
                 most = self.model_most[model]
                 for count in self.idle_shared.counts[model]:
-                    bucket = buckets[count]
+                    bucket = idle_buckets[count]
                     fit_least = 2 if count == most else 1
                     if best[0] is not None and (*model_key, 0, 0, fit_least, bucket.first) >= best[0]:
                         continue  # no node of the bucket can beat the best
                     self._slice_scan(bucket, model, model_key, request, end_ms, best, False, fit_least)
         return best[1]
 
-    def _slice_scan(self, bucket, model, model_key, request, end_ms, best, shared: bool, fit_least: int) -> None:
+    def _slice_scan(
+        self,
+        bucket: _Ordered,
+        model: str,
+        model_key: tuple[int, float],
+        request: Request,
+        end_ms: float,
+        best: list,
+        shared: bool,
+        fit_least: int,
+    ) -> None:
         """The first GPUs of ``bucket`` (shared GPUs, or nodes with idle GPUs) that fit, in the fleet's
         order, scored into ``best`` (stops at the first that loses no scarce place). ``fit_least``: the
         lowest fit a GPU of the bucket can score (a room bucket: 0 when its room is the slice's, else 1)."""
-        per_node = None if shared else self.idle_shared.gpus[model]
+        per_node: dict[str, dict[str, GpuSlot]] = {} if shared else self.idle_shared.gpus[model]
         items = bucket.items
         cpu = request.cpu_milli
         low = cpu.bit_length() if cpu > 0 else 0
@@ -619,6 +635,7 @@ class Fleet:
             looked = missed = 0
             for order, name in entries:
                 item = items[name][2]
+                gpu: GpuSlot | None
                 exact = fit_least  # a room bucket: whether its room is more than the slice (the same for all)
                 if best[0] is not None and (*model_key, 0, strands_least, exact, order) >= best[0]:
                     break  # later in the order: no better than what we have
@@ -658,8 +675,7 @@ class Fleet:
                     need = idle_left * (least_cpu if least_cpu > cpu else cpu) + (gpu.free_milli - share) * slice_cpu
                     if node.cpu_milli - node.used_cpu_milli - cpu < need:
                         roomless = True
-                        fit += 0.5
-                key = (*model_key, lost, strands, fit, order, self.model_memory[model])
+                key = (*model_key, lost, strands, fit + 0.5 if roomless else fit, order, self.model_memory[model])
                 if best[0] is None or key < best[0]:
                     best[0], best[1] = key, gpu
                 looked += 1

@@ -7,7 +7,7 @@ for preempted jobs that are already stopping.
 
 from __future__ import annotations
 
-from .data import DEDICATED_ONLY, NEVER, SHARED_ONLY, WHOLE, GpuSlot, Request
+from .data import DEDICATED_ONLY, NEVER, SHARED_ONLY, WHOLE, GpuSlot, NodeSlot, Request
 from .fleet import Fleet, slice_memory
 
 
@@ -76,7 +76,7 @@ def _slice_free_at(gpu: GpuSlot, request: Request, now_ms: int, idle_at, ends_at
     need_memory = slice_memory(gpu, request)
     if free >= request.share_milli and free_memory >= need_memory:
         return now_ms
-    at: float = now_ms
+    at = float(now_ms)
     for end, milli, job in sorted(gpu.holders, key=lambda h: ends_at(h[0], h[2])):
         at = ends_at(end, job)
         free += milli
@@ -100,7 +100,7 @@ class Timeline:
         self.now = now_ms
         self.stopping_end = stopping_end
         # model -> [(node, sorted idle times of its GPUs open to dedicated use, their smallest memory)]
-        self.nodes_by_model: dict[str, list[tuple[object, list[float], int]]] = {}
+        self.nodes_by_model: dict[str, list[tuple[NodeSlot, list[float], int]]] = {}
         self.slices_by_model: dict[str, list[GpuSlot]] = {}
         self.idle: dict[str, float] = {}
         for node in fleet.nodes.values():

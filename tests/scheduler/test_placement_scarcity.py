@@ -4,6 +4,7 @@ MIG instances (pure core, no database)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -283,7 +284,7 @@ def test_unconstrained_work_never_takes_a_model_a_waiting_constrained_job_needs_
         others = "|".join(sorted({g.model for n in nodes for g in n.gpus} - waiting_needs))
         if not others:
             continue
-        elsewhere = Request(**{**request.__dict__, "gpu_model": others, "job_id": 10_000})
+        elsewhere = dataclasses.replace(request, gpu_model=others, job_id=10_000)
         # what it placed before runs until the end the pass gave it (the policy's runtime from now): the
         # first waiting job's reservation goes where GPUs free first, as in the pass
         by_id = {r.job_id: r for r in queue}
