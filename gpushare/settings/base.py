@@ -163,6 +163,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "gpushare.api.Pagination",
+    # DRF's JSON written by orjson (gpushare/renderers.py); the browsable API for people.
+    "DEFAULT_RENDERER_CLASSES": [
+        "gpushare.renderers.FastJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "gpushare.schema.PublicAutoSchema",

@@ -216,7 +216,11 @@ class JobArraySerializer(serializers.ModelSerializer):
 def _iso(value: datetime | None) -> str | None:
     """A datetime as DRF's DateTimeField renders it in the API's time zone, UTC (settings.TIME_ZONE; nothing
     activates another): ISO 8601 with ``Z``. Four per job on a list page: DRF's own path cost ~10 us each."""
-    return None if value is None else value.astimezone(UTC).isoformat()[:-6] + "Z"
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:  # what PostgreSQL gives is UTC already (the connection's time zone)
+        value = value.astimezone(UTC)
+    return value.isoformat()[:-6] + "Z"
 
 
 def job_body(row: Mapping) -> dict:

@@ -1,0 +1,73 @@
+"""The API's orjson renderer writes the document DRF's JSONRenderer writes (gpushare/renderers.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from django.utils.translation import gettext_lazy
+from rest_framework.exceptions import ErrorDetail
+from rest_framework.renderers import JSONRenderer
+from rest_framework.utils.serializer_helpers import ReturnDict, ReturnList
+
+from gpushare.renderers import FastJSONRenderer
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+DOCUMENTS = [
+    {"id": 1, "name": "caf\u00e9 \u2603 \U0001f680", "none": None, "ok": True, "gpus": 0.125, "big": 2**62},
+    {"at": datetime(2026, 12, 3, 15, 1, 38, 569000, tzinfo=UTC), "whole": datetime(2026, 12, 3, tzinfo=UTC)},
+    {"offset": datetime(2026, 12, 3, 15, 0, tzinfo=timezone(timedelta(hours=2))), "naive": datetime(2026, 1, 2, 3)},
+    {"day": date(2026, 12, 3), "span": timedelta(seconds=90), "money": Decimal("0.0123456789")},
+    {"lazy": gettext_lazy("Not found."), "detail": ErrorDetail("bad", code="invalid"), "id": uuid.UUID(int=7)},
+    {1: "int keys become strings", "nested": [{"a": [1, 2, {"b": ()}]}], "tuple": (1, "x")},
+    {"separators": "line\u2028para\u2029end", "quote": 'say "hi"\n\t\\', "ctl": "\x00\x1f"},
+    ReturnDict({"a": 1}, serializer=None),
+    ReturnList([{"a": 1}], serializer=None),
+    {"huge": 2**70, "float": 1e-05, "neg": -0.0},
+    [],
+    "just a string",
+]
+
+
+@pytest.mark.parametrize("data", DOCUMENTS, ids=range(len(DOCUMENTS)))
+def test_the_same_document_as_drf_writes(data):
+    ours = FastJSONRenderer().render(data)
+    theirs = JSONRenderer().render(data)
+    # Floats may be written differently (1e-5 for 1e-05) but must be the same number; everything else is
+    # byte for byte.
+    if b"e-" in theirs:
+        import json
+
+        assert json.loads(ours) == json.loads(theirs)
+    else:
+        assert ours == theirs
+
+
+def test_what_drf_cannot_write_it_cannot_either():
+    for renderer in (FastJSONRenderer(), JSONRenderer()):
+        with pytest.raises(TypeError, match="Point is not JSON serializable"):
+            renderer.render({"point": Point(3)})
+
+
+def test_pretty_printing_is_drfs_own():
+    data = {"a": [1, 2]}
+    assert FastJSONRenderer().render(data, "application/json; indent=2") == JSONRenderer().render(
+        data, "application/json; indent=2"
+    )
+    assert FastJSONRenderer().render(None) == b""
+
+
+@pytest.mark.django_db
+def test_the_api_answers_through_it(api_client_for, tenant):
+    response = api_client_for(tenant).get("/api/v1/jobs/")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert isinstance(response.accepted_renderer, FastJSONRenderer)
+    assert response.json()["results"] == []
