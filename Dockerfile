@@ -4,7 +4,7 @@ FROM python:3.11-slim AS native
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY requirements-dev.txt .
-RUN grep -E '^(mypy|setuptools)==' requirements-dev.txt | pip install --no-cache-dir -r /dev/stdin
+RUN grep -E '^mypy==' requirements-dev.txt | pip install --no-cache-dir -r /dev/stdin
 COPY scheduler/placement scheduler/placement
 COPY scripts/native_build.py scripts/
 RUN python scripts/native_build.py

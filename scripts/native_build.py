@@ -52,7 +52,8 @@ def build(out: Path, native) -> dict[str, str]:
             ext_modules=extensions,
             script_args=["-q", "build_ext", "--build-lib", str(out), "--build-temp", str(Path(temp) / "o")],
         )
-    files = {f"{native.PACKAGE}.{name}": f"scheduler/placement/{name}{suffix}" for name in native.MODULES}
+    folder = native.PACKAGE.replace(".", "/")
+    files = {f"{native.PACKAGE}.{name}": f"{folder}/{name}{suffix}" for name in native.MODULES}
     files[f"{native.GROUP}__mypyc"] = f"{native.GROUP}__mypyc{suffix}"
     missing = [path for path in files.values() if not (out / path).is_file()]
     if missing:

@@ -79,9 +79,6 @@ class _Finder:
         loader = importlib.machinery.ExtensionFileLoader(fullname, str(found))
         return importlib.util.spec_from_file_location(fullname, found, loader=loader)
 
-    def invalidate_caches(self) -> None:
-        pass
-
 
 def install(build: Path = BUILD) -> str | None:
     """Load the compiled modules from now on when ``build`` is current; the reason they are not, or None."""
