@@ -37,7 +37,7 @@ from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
 from scheduler.admission import TenantCaps
-from scheduler.models import OPEN_STATES, Job, JobState, OpenJob
+from scheduler.models import OPEN_STATES, Job, JobArray, JobState, OpenJob, PriorityClass
 
 # --- the month ----------------------------------------------------------------------------------------
 
@@ -172,6 +172,7 @@ def holds_open(tenant: Tenant, *, exclude_endpoint_id: int | None = None, prices
             prices, mode=mode, gpu_model=gpu_model, gpu_milli=gpu_milli, max_runtime_s=runtime, multiplier=multiplier
         )
         held += hold_open(amount=amount, metered=used)
+    held += _array_holds(tenant, prices)
     endpoints = Endpoint.objects.filter(tenant_id=tenant.pk, state=Endpoint.State.ACTIVE)
     if exclude_endpoint_id is not None:
         endpoints = endpoints.exclude(pk=exclude_endpoint_id)
@@ -182,6 +183,31 @@ def holds_open(tenant: Tenant, *, exclude_endpoint_id: int | None = None, prices
             prices, gpu_milli=gpu_milli, gpu_model=gpu_model, max_replicas=replicas, multiplier=_multiplier(multiplier)
         )
     return held
+
+
+def _array_holds(tenant: Tenant, prices) -> Decimal:
+    """What the tasks of the tenant's arrays not made into jobs yet reserve: each task's full hold."""
+    waiting = list(
+        JobArray.objects.filter(tenant_id=tenant.pk, tasks_made=False).values_list("task_spec", "task_count")
+    )
+    if not waiting:
+        return Decimal(0)
+    multipliers = dict(PriorityClass.objects.values_list("pk", "price_multiplier"))
+    return sum(
+        (
+            count
+            * job_hold(
+                prices,
+                mode=spec["mode"],
+                gpu_model=spec["gpu_model"],
+                gpu_milli=spec["gpu_milli"],
+                max_runtime_s=spec["max_runtime_s"],
+                multiplier=multipliers[spec["priority_id"]],
+            )
+            for spec, count in waiting
+        ),
+        Decimal(0),
+    )
 
 
 def _multiplier(priority_name: str) -> Decimal:
@@ -208,9 +234,14 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 
 
 def _job_counts_sql(table: str) -> str:
+    """Open and queued jobs of a tenant, with the tasks of its arrays the scheduler has not made yet
+    (queued, one row per array: ``JobArray.tasks_made``)."""
     states = ", ".join(f"'{state}'" for state in sorted(OPEN_STATES))  # the enum's own values, not input
-    return f"""SELECT count(*), count(*) FILTER (WHERE state = '{JobState.QUEUED}')
-                 FROM {table} WHERE tenant_id = %s AND state IN ({states})"""
+    return f"""SELECT jobs.open + arrays.tasks, jobs.queued + arrays.tasks FROM
+                 (SELECT count(*) AS open, count(*) FILTER (WHERE state = '{JobState.QUEUED}') AS queued
+                    FROM {table} WHERE tenant_id = %(tenant)s AND state IN ({states})) AS jobs,
+                 (SELECT coalesce(sum(task_count), 0) AS tasks FROM {JobArray._meta.db_table}
+                    WHERE tenant_id = %(tenant)s AND NOT tasks_made) AS arrays"""
 
 
 # PostgreSQL: the narrow table of unfinished jobs (``OpenJob``, kept by triggers), whose cost does not grow
@@ -223,7 +254,7 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
     """(unfinished jobs, queued jobs) of the tenant, replicas included; one range count (see above)."""
     sql = _JOB_COUNTS_SQL["postgresql" if connection.vendor == "postgresql" else "other"]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tenant.pk])
+        cursor.execute(sql, {"tenant": tenant.pk})
         open_jobs, queued = cursor.fetchone()
     return open_jobs, queued
 

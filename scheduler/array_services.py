@@ -1,8 +1,11 @@
-"""Writes for job arrays: submit all tasks in one transaction, cancel them as a group.
+"""Writes for job arrays: submit an array as one record, make its tasks, cancel them as a group.
 
 Each task is an ordinary :class:`~scheduler.models.Job` (placed, run, metered and
 billed on its own, cancellable one by one) with ``array`` and ``array_index``;
-the agent gets the index as ``$GPUSHARE_ARRAY_INDEX``.
+the agent gets the index as ``$GPUSHARE_ARRAY_INDEX``. As in Slurm, the submit
+stores only the array (one row, admitted as a whole) and the task rows are made
+off the request path: the next scheduling pass makes them, or the first read or
+cancel of the array's tasks, whichever comes first.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
 
-from .arrays import ArraySpec
+from .arrays import ArraySpec, range_parse
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
 from .services import EVENT_COLUMNS, JobError, JobSpec, job_cancel, job_checked, job_row_fields, schedule_soon
@@ -24,12 +28,29 @@ from .services import EVENT_COLUMNS, JobError, JobSpec, job_cancel, job_checked,
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
 
 
+# What every task of an array shares, kept on the array until its tasks are made (Job attnames).
+TASK_SPEC_FIELDS = (
+    "kind",
+    "mode",
+    "gpu_milli",
+    "command",
+    "env",
+    "image",
+    "gpu_model",
+    "gpu_memory_mb",
+    "priority_id",
+    "max_runtime_s",
+)
+WAITING_FOR_A_PASS = "waiting for the next scheduling pass"
+
+
 @transaction.atomic
 def job_array_submit(
     *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency: tuple = ("", "")
 ) -> JobArray:
-    """Store the array and all its tasks, queued, in one transaction; limits and holds apply to the
-    whole array at admission (all its tasks are admitted, or none). One scheduling pass is asked for."""
+    """Store the array, admitted as a whole (all its tasks are admitted, or none), as one record: like
+    Slurm, the task rows are made later, off the request path (``array_tasks_make``: the next scheduling
+    pass, which this asks for, or the first read or cancel that needs them)."""
     mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count)
     key, digest = idempotency
     with tenant_scope(tenant):
@@ -41,31 +62,66 @@ def job_array_submit(
             task_count=array.count,
             idempotency_key=key,
             request_hash=digest,
+            tasks_made=False,
+            task_spec={
+                "kind": spec.kind,
+                "mode": mode,
+                "gpu_milli": spec.gpu_milli,
+                "command": list(spec.command),
+                "env": dict(spec.env),
+                "image": spec.image,
+                "gpu_model": spec.gpu_model,
+                "gpu_memory_mb": spec.gpu_memory_mb,
+                "priority_id": priority.pk,
+                "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
+            },
         )
-        now = timezone.now()
-        common = {
-            "tenant": tenant,
-            "submitted_by": job_array.submitted_by,
-            "array": job_array,
-            "name": spec.name,
-            "kind": spec.kind,
-            "mode": mode,
-            "gpu_milli": spec.gpu_milli,
-            "command": list(spec.command),
-            "env": dict(spec.env),
-            "image": spec.image,
-            "gpu_model": spec.gpu_model,
-            "gpu_memory_mb": spec.gpu_memory_mb,
-            "priority": priority,
-            "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
-            "pending_reason": "waiting for the next scheduling pass",
-            "submitted_at": now,
-        }
-        # One submission time for the whole array; the id orders the tasks within it (index order).
-        task_ids = tasks_insert(Job(**common), array.indices)
-        submitted_events_insert(tenant_id=tenant.pk, at=now, job_ids=task_ids)
     schedule_soon()
     return job_array
+
+
+@acts_for_tenant("array")
+@transaction.atomic
+def array_tasks_make(*, array: JobArray) -> int:
+    """Make ``array``'s task rows now if the scheduler has not yet (a read or a cancel that needs them);
+    how many were made. Waits for a pass that is making them, then finds nothing to do."""
+    if array.tasks_made:
+        return 0
+    made = sum(
+        _tasks_make(found) for found in JobArray.objects.select_for_update().filter(pk=array.pk, tasks_made=False)
+    )
+    array.tasks_made, array.task_spec = True, {}
+    return made
+
+
+@scopes_disabled()  # the scheduling pass: every tenant's arrays
+@transaction.atomic
+def arrays_waiting_make() -> int:
+    """Make the task rows of every array still waiting for them, oldest first; how many tasks were made.
+    An array another transaction is making (a read, a cancel) is left to it."""
+    waiting = (
+        JobArray.objects.select_for_update(skip_locked=True).filter(tasks_made=False).order_by("submitted_at", "id")
+    )
+    return sum(_tasks_make(found) for found in waiting)
+
+
+def _tasks_make(array: JobArray) -> int:
+    """The tasks of ``array`` (locked, not made yet) as queued jobs with the array's submission time, so
+    each keeps its place in the queue, and their "submitted" events; the array marked made."""
+    template = Job(
+        tenant_id=array.tenant_id,
+        submitted_by_id=array.submitted_by_id,
+        array_id=array.pk,
+        name=array.name,
+        pending_reason=WAITING_FOR_A_PASS,
+        submitted_at=array.submitted_at,
+        **{name: array.task_spec[name] for name in TASK_SPEC_FIELDS},
+    )
+    # One submission time for the whole array; the id orders the tasks within it (index order).
+    task_ids = tasks_insert(template, range_parse(array.indices).indices)
+    submitted_events_insert(tenant_id=array.tenant_id, at=array.submitted_at, job_ids=task_ids)
+    JobArray.objects.filter(pk=array.pk).update(tasks_made=True, task_spec={})
+    return len(task_ids)
 
 
 def tasks_insert(template: Job, indices) -> list[int]:
@@ -173,6 +229,7 @@ def job_array_cancel(*, array: JobArray, actor=None, reason: str = "") -> int:
     gracefully (as ``job_cancel`` does: signal, grace period). Returns how many were asked to stop."""
     who = getattr(actor, "username", "") or "the platform"
     reason = reason or f"array {array.pk} cancelled by {who}"
+    array_tasks_make(array=array)  # each task ends cancelled, with its own record, as if it had been made
     now = timezone.now()
     waiting = list(
         Job.objects.select_for_update(of=("self",))

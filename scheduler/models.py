@@ -75,7 +75,12 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 class JobArray(models.Model):
     """Tasks submitted in one call, like ``sbatch --array``: each task is a :class:`Job` with its
-    ``array_index``, queued, placed, billed and cancellable on its own; cancelled as a group here."""
+    ``array_index``, queued, placed, billed and cancellable on its own; cancelled as a group here.
+
+    Like Slurm, the submit stores the array as this one record, admitted as a whole: ``task_spec`` holds
+    what every task shares and ``tasks_made`` is false until the scheduler makes the task rows (its next
+    pass, or the first read or cancel that needs them: ``scheduler.array_services.array_tasks_make``).
+    Until then the array's tasks count as queued for limits, holds and the array's states."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="job_arrays")
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
@@ -85,11 +90,18 @@ class JobArray(models.Model):
     idempotency_key = models.CharField(max_length=255, blank=True)
     request_hash = models.CharField(max_length=64, blank=True)
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The tasks' shared values (Job field attname -> value, as JSON) until the task rows are made; then {}.
+    task_spec = models.JSONField(default=dict, blank=True)
+    tasks_made = models.BooleanField(default=True)
 
     objects = ScopedManager(tenant="tenant")
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
+        indexes = [
+            # Arrays whose tasks are still to be made: what a pass, an admission count and a hold look for.
+            models.Index(fields=["tenant"], condition=models.Q(tasks_made=False), name="jobarray_tasks_to_make"),
+        ]
         constraints = [
             models.CheckConstraint(condition=models.Q(task_count__gt=0), name="jobarray_task_count_positive"),
             models.UniqueConstraint(

@@ -315,6 +315,9 @@ def schedule_pass(*, now=None) -> PassResult:
     conf = settings_get()
     now = now or timezone.now()
     now_ms = _ms(now)
+    from .array_services import arrays_waiting_make  # it writes rows with this module's helpers
+
+    arrays_waiting_make()  # arrays submitted since the last pass: their tasks join the queue in this one
     # Queued rows are locked for the pass (a concurrent cancel waits, then sees the outcome);
     # rows another transaction holds now are left for the next pass.
     queued = list(

@@ -82,11 +82,13 @@ def _array_filter(request):
     if not raw:
         return None, {}
     from scheduler.api.arrays import states_by_array
+    from scheduler.array_services import array_tasks_make
     from scheduler.models import JobArray
 
     if not raw.isdigit() or len(raw) > 18:
         raise Http404
     array = get_object_or_404(JobArray.objects.filter(tenant=request.portal.tenant), pk=int(raw))
+    array_tasks_make(array=array)  # moments after a submit the scheduler may not have made them yet
     return array, sorted(states_by_array(tenant=request.portal.tenant, array_ids=[array.pk])[array.pk].items())
 
 

@@ -3,7 +3,9 @@
 ``GET /api/v1/arrays/`` and ``/arrays/{id}/``: the array with its task count per
 state; ``POST /api/v1/arrays/{id}/cancel/`` cancels every unfinished task (queued
 ones at once, running ones gracefully). The tasks themselves are jobs:
-``GET /api/v1/jobs/?array={id}``, and each can be read or cancelled on its own.
+``GET /api/v1/jobs/?array={id}``, and each can be read or cancelled on its own. The submit stores the
+array as one record; the task rows are made by the next scheduling pass or by the first list of them
+(``array_tasks_listable``), whichever comes first.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from accounts.permissions import RoleAllows
 from accounts.tenancy import tenant_scope
 from gpushare.api import ERROR_RESPONSES, TenantScopedMixin
 
-from ..models import Job, JobArray
+from ..array_services import array_tasks_make, job_array_cancel
+from ..models import Job, JobArray, JobState
 from .serializers import JobArraySerializer
 
 
 def states_by_array(*, tenant, array_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Array id -> {state: task count} for ``tenant``'s arrays (a tenant or its id); one GROUP BY for a page."""
+    """Array id -> {state: task count} for ``tenant``'s arrays (a tenant or its id); one GROUP BY for a page,
+    and one look for arrays whose tasks are not made yet (all of them queued)."""
     out: dict[int, dict[str, int]] = {pk: {} for pk in array_ids}
     with tenant_scope(tenant):
         rows = (
@@ -34,13 +38,31 @@ def states_by_array(*, tenant, array_ids: list[int]) -> dict[int, dict[str, int]
         )
         for array_id, state, n in rows:
             out[array_id][state] = n
+        waiting = JobArray.objects.filter(pk__in=array_ids, tasks_made=False).values_list("pk", "task_count")
+        for array_id, count in waiting:
+            out[array_id] = {JobState.QUEUED: count}
     return out
 
 
 def array_body(array: JobArray) -> dict:
-    return JobArraySerializer(
-        array, context={"states_by_array": states_by_array(tenant=array.tenant_id, array_ids=[array.pk])}
-    ).data
+    if array.tasks_made:
+        states = states_by_array(tenant=array.tenant_id, array_ids=[array.pk])
+    else:  # just submitted (or read in the moment before the scheduler made its tasks): all queued
+        states = {array.pk: {JobState.QUEUED: array.task_count}}
+    return JobArraySerializer(array, context={"states_by_array": states}).data
+
+
+def array_tasks_listable(*, tenant, array_id) -> None:
+    """Before ``?array=ID`` lists an array's tasks: make them if the scheduler has not yet (moments after
+    the submit), so a client that lists right after submitting sees every task. A bad id: the filter's 400."""
+    try:
+        pk = int(array_id)
+    except (TypeError, ValueError):
+        return
+    with tenant_scope(tenant):
+        array = JobArray.objects.filter(tenant=tenant, pk=pk, tasks_made=False).first()
+    if array is not None:
+        array_tasks_make(array=array)
 
 
 @extend_schema_view(
@@ -82,8 +104,6 @@ class JobArrayViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        from ..array_services import job_array_cancel
-
         array = self.get_object()
         job_array_cancel(array=array, actor=request.user)
         return Response(array_body(array), status=status.HTTP_202_ACCEPTED)

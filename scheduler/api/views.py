@@ -25,8 +25,10 @@ from gpushare.pagination import KeysetPagination
 from gpushare.prepared import Prepared
 
 from .. import services
+from ..array_services import job_array_submit_idempotent
 from ..models import TERMINAL_STATES, Job
 from ..selectors import job_log_end, job_log_poll, jobs_for_tenant
+from .arrays import array_body, array_tasks_listable
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
 from .selectors import (
@@ -124,6 +126,8 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             rows = JOB_PAGE.rows((direction, key is not None, size), **values)
             page = self.paginator.paginate_rows(rows, request, direction, key, size)
         else:
+            if "array" in request.query_params:
+                array_tasks_listable(tenant=self.tenant, array_id=request.query_params["array"])
             jobs = job_api_rows(self.filter_queryset(jobs_for_tenant(tenant=self.tenant)), computed=False)
             page = self.paginate_queryset(jobs)
         return self.get_paginated_response([job_body(row) for row in job_api_rows_complete(page, tenant=self.tenant)])
@@ -173,9 +177,6 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return Response(JobSerializer(submitted.job, context=context).data, status=status.HTTP_201_CREATED)
 
     def _array_create(self, request, spec, array, key: str) -> Response:
-        from ..array_services import job_array_submit_idempotent
-        from .arrays import array_body
-
         try:
             submitted = job_array_submit_idempotent(
                 tenant=self.tenant, user=request.user, spec=spec, array=array, idempotency_key=key

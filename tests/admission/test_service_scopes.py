@@ -274,7 +274,11 @@ def arguments(rules, tenant, other_tenant):
         "role": Role.VIEWER,
         **rows,
     }
-    by_function = {"endpoint_admit": {"priority": "serving"}, "job_array_cancel": {"array": job_array}}
+    by_function = {
+        "endpoint_admit": {"priority": "serving"},
+        "job_array_cancel": {"array": job_array},
+        "array_tasks_make": {"array": job_array},
+    }
     # Each call gets the tenant's rows afresh: a service may change its row in memory (a delete clears the pk).
     owned = tuple(tenant_models().values())
     stored = {key: (type(value), value.pk) for key, value in known.items() if isinstance(value, owned)} | {

@@ -9,8 +9,9 @@ from django.test.utils import CaptureQueriesContext
 from django_scopes import scopes_disabled
 
 from accounts.models import Plan, Role, TenantQuota
+from scheduler.array_services import arrays_waiting_make
 from scheduler.arrays import ArrayError, array_parse, range_parse
-from scheduler.models import Job, JobArray, JobEvent, JobState
+from scheduler.models import Job, JobArray, JobEvent
 
 from .helpers import assert_error
 
@@ -68,7 +69,7 @@ def test_range_keeps_its_expression():
     assert range_parse(" 1-3 , 9 ").expression == "1-3,9"
 
 
-def test_submit_an_array_stores_every_task_in_one_transaction(rules, tenant, api_client_for):
+def test_submit_stores_the_array_as_one_record_and_the_scheduler_makes_its_tasks(rules, tenant, api_client_for):
     client = api_client_for(tenant)
     with CaptureQueriesContext(connection) as queries:
         response = client.post("/api/v1/jobs/", {**BODY, "name": "sweep", "array": {"range": "1-1000"}}, format="json")
@@ -77,15 +78,43 @@ def test_submit_an_array_stores_every_task_in_one_transaction(rules, tenant, api
     assert body["task_count"] == 1000 and body["indices"] == "1-1000" and body["name"] == "sweep"
     assert body["states"] == {"queued": 1000}
     assert body["tasks"] == f"/api/v1/jobs/?array={body['id']}"
+    # Like sbatch --array: one record at submit, nothing per task.
+    inserts = [q["sql"].split("(")[0] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert inserts == ['INSERT INTO "scheduler_jobarray" ']
+    assert len(queries.captured_queries) < 20
+    assert tasks_of(body["id"]) == []
+    with scopes_disabled():
+        array = JobArray.objects.get(pk=body["id"])
+    assert not array.tasks_made and array.task_spec["gpu_milli"] == 125
+    assert client.get(f"/api/v1/arrays/{body['id']}/").json()["states"] == {"queued": 1000}
+
+    with CaptureQueriesContext(connection) as queries:
+        with scopes_disabled():
+            assert arrays_waiting_make() == 1000
     tasks = tasks_of(body["id"])
     assert [t.array_index for t in tasks] == list(range(1, 1001))
-    assert {(t.state, t.name, t.gpu_milli, t.tenant_id) for t in tasks} == {("queued", "sweep", 125, tenant.pk)}
+    assert {(t.state, t.name, t.gpu_milli, t.tenant_id, t.submitted_at) for t in tasks} == {
+        ("queued", "sweep", 125, tenant.pk, array.submitted_at)
+    }
+    assert [t.pk for t in tasks] == sorted(t.pk for t in tasks)  # the index order is the queue order
     with scopes_disabled():
         assert JobEvent.objects.filter(job__array_id=body["id"], to_state="queued").count() == 1000
-    # Inserted in bulk: the number of statements does not grow with the tasks.
-    assert len(queries.captured_queries) < 25
-    savepoints = [q for q in queries.captured_queries if q["sql"].startswith("SAVEPOINT")]
-    assert len(savepoints) <= 1
+        array.refresh_from_db()
+    assert array.tasks_made and array.task_spec == {}
+    # Made in bulk: the number of statements does not grow with the tasks; made once.
+    assert len(queries.captured_queries) < 12
+    with scopes_disabled():
+        assert arrays_waiting_make() == 0
+    assert len(tasks_of(body["id"])) == 1000
+    assert client.get(f"/api/v1/arrays/{body['id']}/").json()["states"] == {"queued": 1000}
+
+
+def test_listing_the_tasks_right_after_the_submit_shows_every_task(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    array = client.post("/api/v1/jobs/", {**BODY, "array": {"range": "0-9:3"}}, format="json").json()
+    page = client.get(f"/api/v1/jobs/?array={array['id']}").json()
+    assert sorted(j["array"]["index"] for j in page["results"]) == [0, 3, 6, 9]
+    assert {j["state"] for j in page["results"]} == {"queued"}
 
 
 def test_tasks_are_listed_and_shown_as_jobs_of_the_array(rules, tenant, api_client_for):
@@ -106,6 +135,7 @@ def test_tasks_are_listed_and_shown_as_jobs_of_the_array(rules, tenant, api_clie
 def test_cancel_the_group_and_one_task(rules, tenant, api_client_for):
     client = api_client_for(tenant)
     array = client.post("/api/v1/jobs/", {**BODY, "array": {"count": 4}}, format="json").json()
+    client.get(f"/api/v1/jobs/?array={array['id']}")  # the tasks are made by the first look (or the next pass)
     tasks = tasks_of(array["id"])
     one = client.post(f"/api/v1/jobs/{tasks[0].pk}/cancel/")
     assert one.status_code == 202 and one.json()["state"] == "cancelled"
@@ -158,6 +188,8 @@ def test_idempotent_array_submit(rules, tenant, api_client_for):
     other = client.post("/api/v1/jobs/", {**BODY, "array": {"count": 6}}, format="json", HTTP_IDEMPOTENCY_KEY="sweep-1")
     assert_error(other, 409, "conflict")
     with scopes_disabled():
+        assert JobArray.objects.filter(tenant=tenant).count() == 1
+        arrays_waiting_make()
         assert Job.objects.filter(tenant=tenant).count() == 5
 
 
@@ -179,4 +211,45 @@ def test_another_tenants_array_is_404(rules, tenant, other_tenant, api_client_fo
     assert_error(getattr(client, method)(f"/api/v1/arrays/99999999/{suffix}"), 404, "not_found")
     assert client.get(f"/api/v1/jobs/?array={array_id}").json()["results"] == []
     assert client.get("/api/v1/arrays/").json()["results"] == []
-    assert {t.state for t in tasks_of(array_id)} == {JobState.QUEUED}
+    assert tasks_of(array_id) == []  # another tenant's look made nothing of theirs
+    with scopes_disabled():
+        assert not JobArray.objects.get(pk=array_id).tasks_made
+
+
+def test_cancelling_an_array_before_its_tasks_are_made_cancels_every_task(rules, tenant, api_client_for):
+    client = api_client_for(tenant)
+    array = client.post("/api/v1/jobs/", {**BODY, "array": {"count": 3}}, format="json").json()
+    cancelled = client.post(f"/api/v1/arrays/{array['id']}/cancel/")
+    assert cancelled.status_code == 202 and cancelled.json()["states"] == {"cancelled": 3}
+    assert {t.state for t in tasks_of(array["id"])} == {"cancelled"}
+    with scopes_disabled():
+        assert JobEvent.objects.filter(job__array_id=array["id"], to_state="cancelled").count() == 3
+        assert arrays_waiting_make() == 0  # the pass makes nothing more of it
+
+
+def test_limits_count_the_tasks_not_made_yet(rules, tenant, api_client_for):
+    with scopes_disabled():
+        TenantQuota.objects.create(tenant=tenant, max_open_jobs=10, max_queued_jobs=9)
+    client = api_client_for(tenant)
+    assert client.post("/api/v1/jobs/", {**BODY, "array": {"count": 8}}, format="json").status_code == 201
+    with scopes_disabled():
+        assert Job.objects.filter(tenant=tenant).count() == 0  # the 8 tasks are not rows yet
+    assert client.post("/api/v1/jobs/", BODY, format="json").status_code == 201
+    error = assert_error(client.post("/api/v1/jobs/", BODY, format="json"), 403, "quota_exceeded")
+    assert "max_queued_jobs is 9" in error["message"]
+    assert_error(client.post("/api/v1/jobs/", {**BODY, "array": {"count": 2}}, format="json"), 403, "quota_exceeded")
+
+
+def test_money_holds_count_the_tasks_not_made_yet(rules, tenant, api_client_for):
+    from admission.selectors import holds_open
+
+    client = api_client_for(tenant)
+    with scopes_disabled():
+        before = holds_open(tenant)
+    array = client.post("/api/v1/jobs/", {**BODY, "array": {"count": 4}}, format="json").json()
+    with scopes_disabled():
+        waiting = holds_open(tenant)
+        arrays_waiting_make()
+        made = holds_open(tenant)
+    assert tasks_of(array["id"]) and made > before
+    assert waiting == made  # the same reservation before and after the tasks exist

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
+from scheduler.array_services import arrays_waiting_make
 from scheduler.models import Allocation, Job, JobState, PriorityClass
 
 from .helpers import assert_error, job_make, node_make
@@ -26,6 +27,7 @@ def _jobs_in_every_state(tenant, api_client_for) -> None:
         "/api/v1/jobs/", {"kind": "inference", "gpus": 0.25, "command": ["true"], "array": {"count": 2}}, format="json"
     )
     assert created.status_code == 201, created.content
+    arrays_waiting_make()  # what the next scheduling pass does first
     job_make(tenant, name="slice", kind="inference", gpu_milli=125)
     node = node_make(gpus=4)
     gpus = list(node.gpus.order_by("index"))

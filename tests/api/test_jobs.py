@@ -14,6 +14,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Role
 from billing.models import UsageWindow
+from scheduler.array_services import arrays_waiting_make
 from scheduler.models import Allocation, Job, JobLogChunk, JobState
 
 from .helpers import assert_error, job_make, node_make
@@ -421,6 +422,7 @@ def test_the_fast_representation_is_drfs_own(rules, tenant, api_client_for):
     client = api_client_for(tenant)
     client.post("/api/v1/jobs/", {"kind": "inference", "gpus": 0.25, "command": ["true"], "array": {"count": 2}},
                 format="json")  # fmt: skip
+    arrays_waiting_make()  # what the next scheduling pass does first
     node = node_make()
     gpu = node.gpus.first()
     running, finished = job_make(tenant, name="r"), job_make(tenant, name="f")

@@ -16,7 +16,7 @@ from django_scopes import scopes_disabled
 from admission.selectors import job_counts
 from console.services import job_priority_change
 from scheduler.api.selectors import queue_positions, queue_positions_page
-from scheduler.array_services import job_array_cancel, job_array_submit
+from scheduler.array_services import arrays_waiting_make, job_array_cancel, job_array_submit
 from scheduler.arrays import array_parse
 from scheduler.models import OPEN_STATES, Job, JobState, OpenJob, PriorityClass
 from scheduler.services import JobSpec, job_cancel, job_exited, job_started, schedule_pass
@@ -67,6 +67,8 @@ def test_the_table_follows_every_change_of_a_job(sched, tenant, other_tenant, dj
     b = [submit(other_tenant, gpus=0.25, priority="preemptible") for _ in range(2)]
     spec = JobSpec(kind="inference", gpu_milli=250, command=["true"])
     array = job_array_submit(tenant=other_tenant, user=None, spec=spec, array=array_parse({"count": 4}))
+    assert len(table_rows()) == 5  # one record until its tasks are made
+    arrays_waiting_make()  # what the next scheduling pass does first
     assert len(table_rows()) == 9
     assert_table_true([tenant, other_tenant])
 
