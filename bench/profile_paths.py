@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from django_scopes import scopes_disabled
     from pyinstrument import Profiler
 
-    from accounts.models import Membership, Tenant
+    from accounts.models import Membership, Tenant, TenantQuota
     from accounts.services import ALL_SCOPES, tenant_create, token_create
     from agents.models import Gpu, Node
     from console.management.commands.seed_demo import prices_ensure, priority_classes_ensure
@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             slug="profile", name="Profile", owner_email="profile@bench.test", owner_password=None
         )
         user = Membership.objects.filter(tenant=tenant).first().user
+        # Arrays of 1,000 one after another: no open-job limit in the way (their tasks are never run here).
+        TenantQuota.objects.update_or_create(tenant=tenant, defaults={"max_open_jobs": 10**9, "max_queued_jobs": 10**9})
         token = token_create(tenant=tenant, user=user, name="profile", scopes=ALL_SCOPES).plaintext
         node, _ = Node.objects.get_or_create(name="profile-node", defaults={"state": "cordoned"})
         for i in range(2):
@@ -97,13 +99,17 @@ def main(argv: list[str] | None = None) -> int:
             call()  # warm up: imports, connections, caches
         n = max(1, args.n // 50) if name == "array" else args.n
         if args.cpu:
-            batches = []
+            batches, walls = [], []
             for _ in range(5):
-                started = time.process_time()
+                started, wall = time.process_time(), time.perf_counter()
                 for _ in range(n):
                     call()
                 batches.append((time.process_time() - started) / n * 1000)
-            print(f"{name}: {min(batches):.3f} ms CPU per request (best of 5 x {n}; median {sorted(batches)[2]:.3f})")
+                walls.append((time.perf_counter() - wall) / n * 1000)
+            print(
+                f"{name}: {min(batches):.3f} ms CPU per request (best of 5 x {n}; median {sorted(batches)[2]:.3f}), "
+                f"wall {min(walls):.3f} (median {sorted(walls)[2]:.3f}): the rest is waiting on PostgreSQL and Redis"
+            )
             continue
         profiler = Profiler(interval=0.0005)
         start = time.perf_counter()

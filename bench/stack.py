@@ -389,6 +389,12 @@ class Stack:
 
         app.send_task("scheduler.pass", queue="platform")
 
+    def arrays_waiting_make(self) -> int:
+        """Harness reset: the tasks of arrays the scheduler has not made yet become jobs (then cancellable)."""
+        from scheduler.array_services import arrays_waiting_make
+
+        return arrays_waiting_make()
+
     def jobs_cancel_queued(self) -> int:
         """Harness reset between runs: queued jobs are marked cancelled in one statement."""
         from django.db import connection
