@@ -57,3 +57,30 @@ def test_the_row_is_the_one_save_writes_and_the_event_comes_with_it(rules, tenan
         if connection.vendor == "postgresql"
         else [e[1:] for e in events] == [e[1:] for e in expected_event]
     )
+
+
+def test_the_position_it_answers_is_the_queues_once_committed(rules, tenant, other_tenant):
+    """The insert answers the new job's queue position from the same statement; it must be what
+    queue_positions_page reads afterwards, with higher classes, earlier jobs of its class, later ones
+    and other tenants' jobs in the queue."""
+    from scheduler.api.selectors import queue_positions_page
+
+    user = member_add(tenant)
+    ranks = list(PriorityClass.objects.order_by("rank"))
+    low, high = ranks[0], ranks[-1]
+    assert low.rank < high.rank
+    with scopes_disabled():
+        answered = {}
+        for owner, priority in [(tenant, low), (other_tenant, high), (tenant, high), (other_tenant, low)] * 3:
+            job = job_insert(new_job(owner, user if owner == tenant else None, priority=priority))
+            answered[job.pk] = (owner.pk, job.api_queue_position)
+        Job.objects.filter(pk=min(answered)).update(state=JobState.CANCELLED)  # one leaves the queue
+        late = job_insert(new_job(tenant, user, priority=low))
+        answered[late.pk] = (tenant.pk, late.api_queue_position)
+        queued = Job.objects.filter(state=JobState.QUEUED).count()
+        high_ones = set(Job.objects.filter(pk__in=list(answered), priority=high).values_list("pk", flat=True))
+    assert late.api_queue_position == queued  # the lowest class's newest job is last
+    # Each answer was right when given: a job of the high class is behind the high ones before it only.
+    assert [answered[pk][1] for pk in sorted(high_ones)] == list(range(1, len(high_ones) + 1))
+    now = queue_positions_page(tenant=tenant.pk, job_ids=[late.pk])
+    assert now == {late.pk: late.api_queue_position}
