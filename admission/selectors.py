@@ -16,8 +16,9 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import DecimalField, OuterRef, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import DecimalField, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -187,12 +188,14 @@ def holds_open(tenant: Tenant, *, exclude_endpoint_id: int | None = None, prices
 
 def _array_holds(tenant: Tenant, prices) -> Decimal:
     """What the tasks of the tenant's arrays not made into jobs yet reserve: each task's full hold."""
-    waiting = list(
-        JobArray.objects.filter(tenant_id=tenant.pk, tasks_made=False).values_list("task_spec", "task_count")
+    multiplier = PriorityClass.objects.filter(
+        pk=Cast(KeyTextTransform("priority_id", OuterRef("task_spec")), output_field=IntegerField())
+    ).values("price_multiplier")[:1]
+    waiting = (
+        JobArray.objects.filter(tenant_id=tenant.pk, tasks_made=False)
+        .annotate(multiplier=Subquery(multiplier))
+        .values_list("task_spec", "task_count", "multiplier")
     )
-    if not waiting:
-        return Decimal(0)
-    multipliers = dict(PriorityClass.objects.values_list("pk", "price_multiplier"))
     return sum(
         (
             count
@@ -202,9 +205,9 @@ def _array_holds(tenant: Tenant, prices) -> Decimal:
                 gpu_model=spec["gpu_model"],
                 gpu_milli=spec["gpu_milli"],
                 max_runtime_s=spec["max_runtime_s"],
-                multiplier=multipliers[spec["priority_id"]],
+                multiplier=multiplier,
             )
-            for spec, count in waiting
+            for spec, count, multiplier in waiting
         ),
         Decimal(0),
     )

@@ -196,12 +196,12 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
 def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
     """Share-lock the tenant, read quota, plan and the default plan (one query), take the admission lock,
     count open and queued jobs, the month's cached totals, sum the windows after them, then the money
-    hold: the price list, the open jobs' sizes with their metered amounts, the live endpoints: 9 queries,
-    however many jobs and usage windows the tenant has."""
+    hold: the price list, the open jobs' sizes with their metered amounts, the arrays whose tasks are not
+    made yet, the live endpoints: 10 queries, however many jobs, arrays and usage windows the tenant has."""
     quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
     for _ in range(5):
         usage_add(tenant, amount="1.00", job=submit(tenant))
-    with django_assert_num_queries(9):
+    with django_assert_num_queries(10):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
