@@ -38,7 +38,8 @@ from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
 from scheduler.admission import TenantCaps
-from scheduler.models import OPEN_STATES, Job, JobArray, JobState, OpenJob, PriorityClass
+from scheduler.counts import tenant_counts_sql
+from scheduler.models import OPEN_STATES, Job, JobArray, JobState, PriorityClass
 
 # --- the month ----------------------------------------------------------------------------------------
 
@@ -236,25 +237,29 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 # --- counts -------------------------------------------------------------------------------------------
 
 
-def _job_counts_sql(table: str) -> str:
-    """Open and queued jobs of a tenant, with the tasks of its arrays the scheduler has not made yet
-    (queued, one row per array: ``JobArray.tasks_made``)."""
-    states = ", ".join(f"'{state}'" for state in sorted(OPEN_STATES))  # the enum's own values, not input
-    return f"""SELECT jobs.open + arrays.tasks, jobs.queued + arrays.tasks FROM
-                 (SELECT count(*) AS open, count(*) FILTER (WHERE state = '{JobState.QUEUED}') AS queued
-                    FROM {table} WHERE tenant_id = %(tenant)s AND state IN ({states})) AS jobs,
+def _job_counts_sql(jobs: str) -> str:
+    """Open and queued jobs of a tenant (``jobs``: a subquery of its ``open`` and ``queued``), with the
+    tasks of its arrays the scheduler has not made yet (queued, one row per array: ``JobArray.tasks_made``)."""
+    return f"""SELECT jobs.open + arrays.tasks, jobs.queued + arrays.tasks FROM {jobs} AS jobs,
                  (SELECT coalesce(sum(task_count), 0) AS tasks FROM {JobArray._meta.db_table}
                     WHERE tenant_id = %(tenant)s AND NOT tasks_made) AS arrays"""
 
 
-# PostgreSQL: the narrow table of unfinished jobs (``OpenJob``, kept by triggers), whose cost does not grow
-# with the tenant's history; SQLite (the demo, no triggers): the jobs themselves.
-_JOB_COUNTS_SQL = {"postgresql": _job_counts_sql(OpenJob._meta.db_table), "other": _job_counts_sql(Job._meta.db_table)}
+_OPEN = ", ".join(f"'{state}'" for state in sorted(OPEN_STATES))  # the enum's own values, not input
+# PostgreSQL: the per-class counts the database keeps (scheduler.counts), whose cost does not grow with the
+# tenant's open jobs; SQLite (the demo, no triggers): a count of the jobs themselves.
+_JOB_COUNTS_SQL = {
+    "postgresql": _job_counts_sql(tenant_counts_sql("%(tenant)s")),
+    "other": _job_counts_sql(
+        f"""(SELECT count(*) AS open, count(*) FILTER (WHERE state = '{JobState.QUEUED}') AS queued
+               FROM {Job._meta.db_table} WHERE tenant_id = %(tenant)s AND state IN ({_OPEN}))"""
+    ),
+}
 
 
 @acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
-    """(unfinished jobs, queued jobs) of the tenant, replicas included; one range count (see above)."""
+    """(unfinished jobs, queued jobs) of the tenant, replicas included; one statement (see above)."""
     sql = _JOB_COUNTS_SQL["postgresql" if connection.vendor == "postgresql" else "other"]
     with connection.cursor() as cursor:
         cursor.execute(sql, {"tenant": tenant.pk})

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from accounts.services import ALL_SCOPES, tenant_create, token_create
     from agents.models import Gpu, Node
     from console.management.commands.seed_demo import prices_ensure, priority_classes_ensure
+    from scheduler.counts import counts_fold
 
     from .fixtures import finished_jobs_create
 
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cpu:
             batches, walls = [], []
             for _ in range(5):
+                counts_fold()  # what the scheduling pass does (no worker here): changes since the last batch
                 started, wall = time.process_time(), time.perf_counter()
                 for _ in range(n):
                     call()

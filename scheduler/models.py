@@ -222,12 +222,12 @@ class OpenJob(models.Model):
     its tenant, class, submission time and state, written by the database itself (PostgreSQL triggers
     on ``scheduler_job``, migration 0006), never by the application.
 
-    What a submit counts reads it: a job's queue position (the queued jobs ahead of it) and a tenant's
-    open and queued jobs (its limits). Counted on ``scheduler_job``, every job ever submitted leaves
-    entries in that wide, large table's indexes until it is vacuumed, so a count visited thousands of
-    wide rows (~30 ms for a submit's position with 3,400 queued, ~8 ms for its tenant's 6,900 open
-    jobs); here a row is gone when its job finishes and a page holds hundreds. SQLite (the demo): the
-    table stays empty and the counts are made on the jobs.
+    What reads it: the queue positions of a page of jobs (the queued jobs ahead of them), and the
+    triggers that keep :class:`OpenJobCount` (a submit's own position and its tenant's counts). Counted
+    on ``scheduler_job``, every job ever submitted leaves entries in that wide, large table's indexes
+    until it is vacuumed, so a count visited thousands of wide rows (~30 ms for a submit's position with
+    3,400 queued, ~8 ms for its tenant's 6,900 open jobs); here a row is gone when its job finishes and a
+    page holds hundreds. SQLite (the demo): the table stays empty and the counts are made on the jobs.
     """
 
     job = models.OneToOneField(
@@ -251,6 +251,40 @@ class OpenJob(models.Model):
                 fields=["priority", "submitted_at", "job"], condition=models.Q(state="queued"), name="open_job_queue"
             ),
         ]
+
+
+class OpenJobCount(models.Model):
+    """How many unfinished (``open``) and queued jobs each tenant has in each class, so that a submit's
+    counts and queue position do not grow with the queue. Written by the database (migration 0008):
+    every change of ``OpenJob`` appends a :class:`OpenJobCountChange` (inserts only: no row that two
+    submits, or a submit and a pass, would both lock), and :func:`scheduler.counts.counts_fold` (each
+    scheduling pass) adds the changes here and deletes them. A count is this row plus the changes not
+    folded yet, read in one statement (one snapshot: before a fold commits or after it, never half).
+    SQLite (the demo): empty; counts are made on the jobs."""
+
+    tenant = models.ForeignKey(  # the unique (tenant, priority) index serves a tenant's rows
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    priority = models.ForeignKey(
+        PriorityClass, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    open = models.IntegerField(default=0)
+    queued = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "priority"], name="open_job_count_once")]
+
+
+class OpenJobCountChange(models.Model):
+    """One change of :class:`OpenJobCount` not folded into it yet (see there)."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    priority = models.ForeignKey(
+        PriorityClass, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    open = models.IntegerField()
+    queued = models.IntegerField()
 
 
 class Allocation(models.Model):

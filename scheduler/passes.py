@@ -34,6 +34,7 @@ from agents.models import Gpu, Node
 from webhooks import emit as webhook_emit
 
 from . import placement
+from .counts import counts_fold
 from .locks import pass_lock_acquire
 from .models import (
     ACTIVE_STATES,
@@ -318,6 +319,7 @@ def schedule_pass(*, now=None) -> PassResult:
     from .array_services import arrays_waiting_make  # it writes rows with this module's helpers
 
     arrays_waiting_make()  # arrays submitted since the last pass: their tasks join the queue in this one
+    counts_fold()  # the open/queued counts' changes since the last pass (scheduler.counts)
     # Queued rows are locked for the pass (a concurrent cancel waits, then sees the outcome);
     # rows another transaction holds now are left for the next pass.
     queued = list(

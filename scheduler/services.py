@@ -23,6 +23,7 @@ from agents.models import Node
 from webhooks import emit as webhook_emit
 
 from . import admission
+from .counts import queued_ahead_sql
 from .models import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
@@ -35,7 +36,6 @@ from .models import (
     JobLogChunk,
     JobMode,
     JobState,
-    OpenJob,
     PriorityClass,
     SchedulerSettings,
 )
@@ -209,25 +209,22 @@ def _job_insert_sql() -> tuple[list, str]:
     its id and queue position."""
     fields = job_row_fields()
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    queue, classes = OpenJob._meta.db_table, PriorityClass._meta.db_table
-    # The position counts the queued jobs ahead in the narrow table (higher classes, then the same class
-    # submitted earlier): the statement's snapshot holds every other job, not this one (its row is the
-    # trigger's, in the same statement), hence 1 + the count. What queue_positions_page would answer once
-    # committed, short of jobs committed by others in between (a position is a snapshot either way).
-    own_rank = f"(SELECT rank FROM {classes} WHERE id = j.priority_id)"
-    ranked = f"ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {{op}} {own_rank}))"
+    # The position: every queued job of its class and the classes above it is ahead of a job submitted now
+    # (scheduler.counts: per-class counts, not a count of the queue), plus one. The statement's snapshot
+    # holds every other job, not this one (its count change is the triggers', after the statement). What
+    # queue_positions_page answers once committed, short of jobs committed by others in between.
     return fields, (
-        f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
-        " RETURNING id, tenant_id, submitted_at, priority_id), "
+        f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns_sql(fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id, tenant_id, submitted_at, priority_id), "
         f"e AS (INSERT INTO {quote(JobEvent._meta.db_table)} ({EVENT_COLUMNS}) "
         "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id) "
-        "SELECT j.id, 1"
-        f" + (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id = {ranked.format(op='>')})"
-        f" + (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id = {ranked.format(op='=')}"
-        " AND (a.submitted_at, a.job_id) < (j.submitted_at, j.id))"
-        " FROM j JOIN e ON e.job_id = j.id"
+        f"SELECT j.id, 1 + {queued_ahead_sql('j.priority_id')} FROM j JOIN e ON e.job_id = j.id"
     )
+
+
+def columns_sql(fields) -> str:
+    quote = connection.ops.quote_name
+    return ", ".join(quote(f.column) for f in fields)
 
 
 def job_insert(job: Job) -> Job:
@@ -236,7 +233,8 @@ def job_insert(job: Job) -> Job:
 
     On PostgreSQL one statement, the values prepared by the model's own fields as ``save()`` would
     (``pre_save``: ``submitted_at``): the ORM spent ~1.5 ms of CPU per submit building two inserts, and
-    the position asked afterwards was a statement of its own (~0.6 ms, half of it planning).
+    the position asked afterwards was a statement of its own (~0.6 ms, half of it planning) that counted
+    the queue ahead.
     Elsewhere (the SQLite demo) ``save()`` and a ``create()``.
     """
     if connection.vendor != "postgresql":

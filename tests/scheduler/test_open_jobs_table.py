@@ -1,7 +1,8 @@
-"""The narrow table of unfinished jobs (``OpenJob``) is kept by PostgreSQL triggers: after every kind
-of change a job goes through, it holds exactly the open jobs with their tenant, class, submission time
-and state; the queue positions the API shows and the counts admission checks (both read from it) are
-those of the jobs themselves."""
+"""The narrow table of unfinished jobs (``OpenJob``) and the open/queued counts per tenant and class
+(``OpenJobCount`` plus its changes not folded yet) are kept by PostgreSQL triggers: after every kind of
+change a job goes through, and after a fold, they hold exactly the open jobs with their tenant, class,
+submission time and state and their counts; the queue positions the API shows and the counts admission
+checks are those of the jobs themselves."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from console.services import job_priority_change
 from scheduler.api.selectors import queue_positions, queue_positions_page
 from scheduler.array_services import arrays_waiting_make, job_array_cancel, job_array_submit
 from scheduler.arrays import array_parse
-from scheduler.models import OPEN_STATES, Job, JobState, OpenJob, PriorityClass
+from scheduler.counts import counts_fold
+from scheduler.models import OPEN_STATES, Job, JobState, OpenJob, OpenJobCount, OpenJobCountChange, PriorityClass
 from scheduler.services import JobSpec, job_cancel, job_exited, job_started, schedule_pass
 from tests.scheduler.conftest import node_add, submit
 
@@ -44,8 +46,40 @@ def ranking() -> dict[int, int]:
     return {pk: place for place, (pk, _, _) in enumerate(ordered, start=1)}
 
 
+def kept_counts() -> dict[tuple, tuple]:
+    """(tenant, class) -> (open, queued) as the database keeps them: folded rows plus changes not folded."""
+    out: dict[tuple, list] = {}
+    with scopes_disabled():
+        for model in (OpenJobCount, OpenJobCountChange):
+            for tenant_id, priority_id, n_open, n_queued in model.objects.values_list(
+                "tenant_id", "priority_id", "open", "queued"
+            ):
+                kept = out.setdefault((tenant_id, priority_id), [0, 0])
+                kept[0] += n_open
+                kept[1] += n_queued
+    return {key: tuple(value) for key, value in out.items() if value != [0, 0]}
+
+
+def true_counts() -> dict[tuple, tuple]:
+    out: dict[tuple, list] = {}
+    with scopes_disabled():
+        for tenant_id, priority_id, state in Job.objects.filter(state__in=OPEN_STATES).values_list(
+            "tenant_id", "priority_id", "state"
+        ):
+            counted = out.setdefault((tenant_id, priority_id), [0, 0])
+            counted[0] += 1
+            counted[1] += state == JobState.QUEUED
+    return {key: tuple(value) for key, value in out.items()}
+
+
 def assert_table_true(tenants):
     assert table_rows() == open_jobs()
+    assert kept_counts() == true_counts()
+    counts_fold()
+    assert kept_counts() == true_counts()
+    with scopes_disabled():
+        assert not OpenJobCountChange.objects.exists()  # all folded
+        assert not OpenJobCount.objects.filter(open=0, queued=0).exists()
     shown = {}
     for tenant in tenants:
         with scopes_disabled():
@@ -112,3 +146,53 @@ def test_the_table_follows_every_change_of_a_job(sched, tenant, other_tenant, dj
 def test_the_triggers_know_the_open_states_the_application_does():
     migration = importlib.import_module("scheduler.migrations.0006_open_jobs")
     assert migration.OPEN == "(" + ", ".join(f"'{s}'" for s in sorted(OPEN_STATES, key=list(JobState).index)) + ")"
+
+
+def test_the_counts_triggers_name_the_queued_state_the_application_does():
+    migration = importlib.import_module("scheduler.migrations.0008_open_job_counts")
+    assert "state = 'queued'" in migration.TRIGGERS and JobState.QUEUED == "queued"
+
+
+def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenant):
+    """Random submits (lone jobs and arrays), transitions, class moves, deletions, with folds at random
+    moments: the kept counts always equal the jobs', and so do admission's counts and a new job's place."""
+    import random
+
+    from scheduler.services import job_insert
+    from tests.scheduler.test_job_insert import new_job
+
+    rng = random.Random(7)
+    classes = list(PriorityClass.objects.order_by("rank"))
+    tenants = [tenant, other_tenant]
+    for step in range(120):
+        move = rng.random()
+        with scopes_disabled():
+            jobs = list(Job.objects.order_by("pk").values_list("pk", "state"))
+            if move < 0.35 or not jobs:
+                owner = rng.choice(tenants)
+                job = job_insert(new_job(owner, None, priority=rng.choice(classes)))
+                assert job.api_queue_position == ranking()[job.pk], step
+            elif move < 0.45:
+                spec = JobSpec(kind="inference", gpu_milli=250, command=["true"])
+                job_array_submit(tenant=rng.choice(tenants), user=None, spec=spec, array=array_parse({"count": 3}))
+                arrays_waiting_make()
+            elif move < 0.85:
+                pk, _ = rng.choice(jobs)
+                state = rng.choice([JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTED,
+                                    JobState.SUCCEEDED, JobState.CANCELLED])  # fmt: skip
+                Job.objects.filter(pk=pk).update(state=state)
+            elif move < 0.93:
+                pk, _ = rng.choice(jobs)
+                Job.objects.filter(pk=pk).update(priority=rng.choice(classes))
+            else:
+                Job.objects.filter(pk=rng.choice(jobs)[0]).delete()
+        if rng.random() < 0.2:
+            counts_fold()
+        assert kept_counts() == true_counts(), step
+        for owner in tenants:
+            with scopes_disabled():
+                counted = (
+                    Job.objects.filter(tenant=owner, state__in=OPEN_STATES).count(),
+                    Job.objects.filter(tenant=owner, state=JobState.QUEUED).count(),
+                )
+            assert job_counts(owner) == counted, step

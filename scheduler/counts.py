@@ -1,0 +1,64 @@
+"""Open and queued job counts per tenant and class that do not grow with the queue (PostgreSQL).
+
+The database keeps them (migration 0008): every statement that changes the narrow table of unfinished
+jobs (``OpenJob``) appends its net change per (tenant, class) to ``OpenJobCountChange``; each scheduling
+pass folds the changes into ``OpenJobCount`` (:func:`counts_fold`). A count is the folded row plus the
+changes not folded yet, read in one statement, so it sees a fold either wholly or not at all. Writers
+only append: two submits of a tenant, or a submit and a pass, never wait for each other on a counter.
+
+What reads them: a tenant's open and queued counts at admission (``admission.selectors.job_counts``)
+and a new job's queue position in the submit's own statement (``scheduler.services.job_insert``). Their
+cost is the tenant's (or the classes') rows plus the changes since the last pass, not the queue.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from .models import OpenJobCount, OpenJobCountChange, PriorityClass
+
+COUNTS, CHANGES, CLASSES = (
+    OpenJobCount._meta.db_table,
+    OpenJobCountChange._meta.db_table,
+    PriorityClass._meta.db_table,
+)
+
+
+def counts_fold() -> int:
+    """Add every change visible now to the folded counts and delete it, in one statement (changes that
+    commit meanwhile are left for the next fold); rows left at zero go. The changes folded, by (tenant,
+    class). Run by the scheduling pass, under its lock."""
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH gone AS (DELETE FROM {CHANGES} RETURNING tenant_id, priority_id, open, queued),
+                     net AS (SELECT tenant_id, priority_id, sum(open)::integer AS open,
+                                    sum(queued)::integer AS queued
+                               FROM gone GROUP BY tenant_id, priority_id)
+                INSERT INTO {COUNTS} (tenant_id, priority_id, open, queued)
+                     SELECT tenant_id, priority_id, open, queued FROM net
+                ON CONFLICT (tenant_id, priority_id) DO UPDATE
+                    SET open = {COUNTS}.open + EXCLUDED.open, queued = {COUNTS}.queued + EXCLUDED.queued"""
+        )
+        folded = cursor.rowcount
+        cursor.execute(f"DELETE FROM {COUNTS} WHERE open = 0 AND queued = 0")
+    return folded
+
+
+def tenant_counts_sql(tenant: str) -> str:
+    """A subquery of the tenant's ``open`` and ``queued`` jobs (``tenant``: the SQL of its id)."""
+    return f"""(SELECT coalesce(sum(open), 0) AS open, coalesce(sum(queued), 0) AS queued FROM (
+                   SELECT open, queued FROM {COUNTS} WHERE tenant_id = {tenant}
+                   UNION ALL
+                   SELECT open, queued FROM {CHANGES} WHERE tenant_id = {tenant}) AS rows)"""
+
+
+def queued_ahead_sql(priority: str) -> str:
+    """An expression: the queued jobs of every tenant in classes ranked above or equal to the class
+    ``priority`` (the SQL of its id): the place a job submitted now takes in the queue, less one."""
+    ranks = f"(SELECT c.id FROM {CLASSES} c WHERE c.rank >= (SELECT rank FROM {CLASSES} WHERE id = {priority}))"
+    return f"""(SELECT coalesce(sum(queued), 0) FROM (
+                   SELECT queued FROM {COUNTS} WHERE priority_id IN {ranks}
+                   UNION ALL
+                   SELECT queued FROM {CHANGES} WHERE priority_id IN {ranks}) AS rows)"""
