@@ -271,6 +271,8 @@ class OpenJobCount(models.Model):
     open = models.IntegerField(default=0)
     queued = models.IntegerField(default=0)
 
+    objects = ScopedManager(tenant="tenant")
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "priority"], name="open_job_count_once")]
 
@@ -285,6 +287,8 @@ class OpenJobCountChange(models.Model):
     )
     open = models.IntegerField()
     queued = models.IntegerField()
+
+    objects = ScopedManager(tenant="tenant")
 
 
 class Allocation(models.Model):
