@@ -23,24 +23,20 @@ from accounts.tenancy import acts_for_tenant, tenant_scope
 from .arrays import ArraySpec, range_parse
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
-from .services import EVENT_COLUMNS, JobError, JobSpec, job_cancel, job_checked, job_row_fields, schedule_soon
+from .services import (
+    EVENT_COLUMNS,
+    JobError,
+    JobSpec,
+    columns_sql,
+    job_cancel,
+    job_checked,
+    job_row_fields,
+    schedule_soon,
+)
 
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
 
 
-# What every task of an array shares, kept on the array until its tasks are made (Job attnames).
-TASK_SPEC_FIELDS = (
-    "kind",
-    "mode",
-    "gpu_milli",
-    "command",
-    "env",
-    "image",
-    "gpu_model",
-    "gpu_memory_mb",
-    "priority_id",
-    "max_runtime_s",
-)
 WAITING_FOR_A_PASS = "waiting for the next scheduling pass"
 
 
@@ -63,7 +59,7 @@ def job_array_submit(
             idempotency_key=key,
             request_hash=digest,
             tasks_made=False,
-            task_spec={
+            task_spec={  # what every task shares, by Job attname, until the tasks are made
                 "kind": spec.kind,
                 "mode": mode,
                 "gpu_milli": spec.gpu_milli,
@@ -115,7 +111,7 @@ def _tasks_make(array: JobArray) -> int:
         name=array.name,
         pending_reason=WAITING_FOR_A_PASS,
         submitted_at=array.submitted_at,
-        **{name: array.task_spec[name] for name in TASK_SPEC_FIELDS},
+        **array.task_spec,
     )
     # One submission time for the whole array; the id orders the tasks within it (index order).
     task_ids = tasks_insert(template, range_parse(array.indices).indices)
@@ -142,7 +138,7 @@ def tasks_insert(template: Job, indices) -> list[int]:
         tasks = [Job(**{**values, "array_index": i}) for i in indices]
         return [t.pk for t in Job.objects.bulk_create(tasks, batch_size=500)]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
+    columns = columns_sql(fields)
     # Cast each value to its column's type: the SELECT list, unlike VALUES, does not take it from the target.
     values = ", ".join(f"%s::{f.cast_db_type(connection)}" for f in fields)
     sql = (

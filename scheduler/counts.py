@@ -46,19 +46,19 @@ def counts_fold() -> int:
     return folded
 
 
+def _kept(columns: str, where: str) -> str:
+    """The folded rows and the changes not folded yet that match ``where``: summed, a kept count."""
+    return f"SELECT {columns} FROM {COUNTS} WHERE {where} UNION ALL SELECT {columns} FROM {CHANGES} WHERE {where}"
+
+
 def tenant_counts_sql(tenant: str) -> str:
     """A subquery of the tenant's ``open`` and ``queued`` jobs (``tenant``: the SQL of its id)."""
-    return f"""(SELECT coalesce(sum(open), 0) AS open, coalesce(sum(queued), 0) AS queued FROM (
-                   SELECT open, queued FROM {COUNTS} WHERE tenant_id = {tenant}
-                   UNION ALL
-                   SELECT open, queued FROM {CHANGES} WHERE tenant_id = {tenant}) AS rows)"""
+    return f"""(SELECT coalesce(sum(open), 0) AS open, coalesce(sum(queued), 0) AS queued
+                  FROM ({_kept("open, queued", f"tenant_id = {tenant}")}) AS rows)"""
 
 
 def queued_ahead_sql(priority: str) -> str:
     """An expression: the queued jobs of every tenant in classes ranked above or equal to the class
     ``priority`` (the SQL of its id): the place a job submitted now takes in the queue, less one."""
     ranks = f"(SELECT c.id FROM {CLASSES} c WHERE c.rank >= (SELECT rank FROM {CLASSES} WHERE id = {priority}))"
-    return f"""(SELECT coalesce(sum(queued), 0) FROM (
-                   SELECT queued FROM {COUNTS} WHERE priority_id IN {ranks}
-                   UNION ALL
-                   SELECT queued FROM {CHANGES} WHERE priority_id IN {ranks}) AS rows)"""
+    return f"(SELECT coalesce(sum(queued), 0) FROM ({_kept('queued', f'priority_id IN {ranks}')}) AS rows)"

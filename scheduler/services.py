@@ -223,6 +223,7 @@ def _job_insert_sql() -> tuple[list, str]:
 
 
 def columns_sql(fields) -> str:
+    """The quoted column list of a raw insert of ``fields`` (job_row_fields)."""
     quote = connection.ops.quote_name
     return ", ".join(quote(f.column) for f in fields)
 
