@@ -57,34 +57,50 @@ def tenants_of(*, user) -> QuerySet[Tenant]:
 # --- limits (the rows; the arithmetic is accounts.limits, the checks admission/) ---------------------
 
 
-def _layer(values: dict | None):
-    return None if values is None else SimpleNamespace(**values)
+_LAYERS = ("q", "p", "d")  # the tenant's quota, its plan, the default plan: most specific first
+
+
+def limits_sql() -> tuple[str, str]:
+    """(select list, FROM clause) of a tenant's limit layers, for a statement that reads them with
+    something else; the tenant is the parameter ``%(tenant)s``, the default plan's name ``%(default_plan)s``
+    (:func:`limits_params`). :func:`limits_from_row` makes the limits of the select list's values."""
+    columns = (
+        ", ".join(f"{alias}.id" for alias in _LAYERS)
+        + ", "
+        + ", ".join(f"{alias}.{name}" for alias in _LAYERS for name in LIMIT_NAMES)
+    )
+    quota_table, plan_table = TenantQuota._meta.db_table, Plan._meta.db_table
+    return columns, (
+        f"""(SELECT 1 AS one) one
+            LEFT JOIN {quota_table} q ON q.tenant_id = %(tenant)s
+            LEFT JOIN {plan_table} p ON p.id = q.plan_id
+            LEFT JOIN {plan_table} d ON d.name = %(default_plan)s"""
+    )
+
+
+LIMITS_COLUMNS = len(_LAYERS) * (1 + len(LIMIT_NAMES))  # how many values of a row limits_sql's select list gives
+
+
+def limits_params(tenant: Tenant) -> dict:
+    return {"tenant": tenant.pk, "default_plan": DEFAULT_PLAN}
+
+
+def limits_from_row(row) -> Limits:
+    """The limits of the ``LIMITS_COLUMNS`` values of :func:`limits_sql`'s select list."""
+    names, layers = LIMIT_NAMES, len(_LAYERS)
+    found = []
+    for i in range(layers):
+        values = row[layers + i * len(names) : layers + (i + 1) * len(names)]
+        found.append(SimpleNamespace(**dict(zip(names, values, strict=True))) if row[i] is not None else None)
+    return limits_merge(*found)
 
 
 def limits_for(tenant: Tenant) -> Limits:
     """The tenant's quota over its plan over the ``default`` plan over the built-in defaults, in one query."""
-    names = list(LIMIT_NAMES)
-    layers = ("q", "p", "d")
-    columns = (
-        ", ".join(f"{alias}.id" for alias in layers)
-        + ", "
-        + ", ".join(f"{alias}.{name}" for alias in layers for name in names)
-    )
-    quota_table, plan_table = TenantQuota._meta.db_table, Plan._meta.db_table
+    columns, tables = limits_sql()
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""SELECT {columns} FROM (SELECT 1 AS one) one
-                LEFT JOIN {quota_table} q ON q.tenant_id = %s
-                LEFT JOIN {plan_table} p ON p.id = q.plan_id
-                LEFT JOIN {plan_table} d ON d.name = %s""",
-            [tenant.pk, DEFAULT_PLAN],
-        )
-        row = cursor.fetchone()
-    found = []
-    for i in range(len(layers)):
-        values = row[len(layers) + i * len(names) : len(layers) + (i + 1) * len(names)]
-        found.append(dict(zip(names, values, strict=True)) if row[i] is not None else None)
-    return limits_merge(*(_layer(layer) for layer in found))
+        cursor.execute(f"SELECT {columns} FROM {tables}", limits_params(tenant))
+        return limits_from_row(cursor.fetchone())
 
 
 @scopes_disabled()  # every tenant's limits, for the scheduling pass and the budget beat

@@ -10,6 +10,7 @@ Every function takes the tenant and reads in its scope (``accounts.tenancy``), o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -33,10 +34,11 @@ from accounts.limits import (
     max_cost,
 )
 from accounts.models import Tenant, TenantMonthUsage
-from accounts.selectors import limits_all, limits_for
+from accounts.selectors import LIMITS_COLUMNS, limits_all, limits_for, limits_from_row, limits_params, limits_sql
 from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
+from gpushare.prepared import ServerStatement
 from scheduler.admission import TenantCaps
 from scheduler.counts import tenant_counts_sql
 from scheduler.models import OPEN_STATES, Job, JobArray, JobState, PriorityClass
@@ -257,14 +259,37 @@ _JOB_COUNTS_SQL = {
 }
 
 
+def _vendor() -> str:
+    return "postgresql" if connection.vendor == "postgresql" else "other"
+
+
 @acts_for_tenant
 def job_counts(tenant: Tenant) -> tuple[int, int]:
     """(unfinished jobs, queued jobs) of the tenant, replicas included; one statement (see above)."""
-    sql = _JOB_COUNTS_SQL["postgresql" if connection.vendor == "postgresql" else "other"]
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"tenant": tenant.pk})
+        cursor.execute(_JOB_COUNTS_SQL[_vendor()], {"tenant": tenant.pk})
         open_jobs, queued = cursor.fetchone()
     return open_jobs, queued
+
+
+@functools.cache
+def _limits_and_counts(vendor: str) -> ServerStatement:
+    columns, tables = limits_sql()
+    return ServerStatement(
+        f"SELECT {columns}, counts.open, counts.queued FROM {tables} "
+        f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts (open, queued)"
+    )
+
+
+@acts_for_tenant
+def limits_and_job_counts(tenant: Tenant) -> tuple[Limits, int, int]:
+    """The tenant's limits (``limits_for``) and ``job_counts``, in one statement: what a submit checks
+    once it holds the admission lock (its snapshot is taken after the lock is granted). Planned once per
+    connection: planning it cost twice what running it does."""
+    with connection.cursor() as cursor:
+        _limits_and_counts(_vendor()).execute(cursor, limits_params(tenant))
+        row = cursor.fetchone()
+    return limits_from_row(row), row[LIMITS_COLUMNS], row[LIMITS_COLUMNS + 1]
 
 
 @acts_for_tenant

@@ -1,19 +1,20 @@
 """Admission writes and checks: may this tenant start this now? Each runs in the caller's transaction.
 
-``job_admit`` (through the scheduler's port, inside ``job_submit``'s transaction) holds the
-tenant row ``FOR SHARE`` (a suspension or a quota change waits for it) and a per-tenant
-advisory lock until commit. The lock is exclusive when exactness needs it (a money hold, an
-array, or counts near a limit): those submits are checked one after another, each seeing every
-job committed before it. A single job far from its limits takes the lock shared, so one
-tenant's submits run side by side: at most ``in_flight_bound()`` transactions can be open at
-once (the database's connection limit), so if the committed count leaves that much room, no
-interleaving can pass the limit. Other tenants are never delayed.
+``job_admit`` (through the scheduler's port, inside ``job_submit``'s transaction) holds a
+per-tenant advisory lock and the tenant row ``FOR SHARE`` (a suspension or a quota change waits
+for it) until commit, and reads the limits and counts under them. The lock is exclusive when
+exactness needs it (a money hold, an array, or counts near a limit): those submits are checked
+one after another, each seeing every job committed before it. A single job far from its limits
+takes the lock shared, so one tenant's submits run side by side: at most ``in_flight_bound()``
+transactions can be open at once (the database's connection limit), so if the committed count
+leaves that much room, no interleaving can pass the limit. Other tenants are never delayed.
 
 Services that act across tenants (the budget beat) say so; the rest run in the scope of the tenant they take.
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -23,6 +24,7 @@ from django_scopes import scopes_disabled
 
 from accounts.limits import (
     MS_PER_HOUR,
+    Limits,
     MonthUsage,
     Refusal,
     alert_due,
@@ -39,6 +41,7 @@ from accounts.services.tenants import running_jobs_stop
 from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
+from gpushare.prepared import ServerStatement, model_columns, model_from_row
 from scheduler.admission import JobAsk
 from scheduler.services import AdmitAgain, JobError
 from webhooks import emit as webhook_emit
@@ -49,26 +52,36 @@ from .selectors import tenant_caps_for_scheduling  # noqa: F401  (provided to th
 ADMISSION_LOCK = 0x6F70_656E  # "open": advisory lock namespace, (this, tenant id)
 
 
-def _tenant_share_locked(tenant_id: int) -> Tenant:
-    """The tenant row, held ``FOR SHARE`` until the caller's transaction ends.
+@functools.cache
+def _tenant_locked_statement(exact: bool) -> ServerStatement:
+    function = "pg_advisory_xact_lock" if exact else "pg_advisory_xact_lock_shared"
+    columns = ", ".join(f"t.{connection.ops.quote_name(name)}" for name in model_columns(Tenant))
+    return ServerStatement(
+        f"SELECT {columns}, {function}(%(space)s::integer, %(tenant)s::integer) FROM {Tenant._meta.db_table} t "
+        "WHERE t.id = %(tenant)s FOR SHARE OF t"
+    )
 
-    Shared: concurrent submits of one tenant do not block each other on the row, while a
-    suspension or a quota change (which lock it ``FOR NO KEY UPDATE``) waits for them, so the
-    state and limits a submit checks stay true until it commits.
+
+def _tenant_locked(tenant_id: int, *, exact: bool) -> Tenant:
+    """Take the tenant's admission lock, then its row ``FOR SHARE``, both held until the caller's
+    transaction ends, in one statement (the lock is in the select list: the scan computes it before
+    the row is locked). Every transaction that takes both takes them in this order.
+
+    The advisory lock is exclusive when ``exact``: it waits for every other admission of the tenant;
+    shared, it waits only for exclusive ones. The row lock is shared: concurrent submits of one tenant
+    do not block each other on it, while a suspension or a quota change (which lock it ``FOR NO KEY
+    UPDATE``) waits for them, so what a submit checks stays true until it commits. The row answered is
+    its newest version (a row lock always locks that one), so a suspension committed while this waited
+    is seen.
     """
     if connection.vendor != "postgresql":  # SQLite: writers are serialised already
         return Tenant.objects.get(pk=tenant_id)
-    return Tenant.objects.raw(f"SELECT * FROM {Tenant._meta.db_table} WHERE id = %s FOR SHARE", [tenant_id])[0]
-
-
-def _tenant_admission_lock(tenant_id: int, *, shared: bool = False) -> None:
-    """Hold the tenant's admission lock until the caller's transaction ends (a transaction-level
-    advisory lock, so the row lock above can stay shared: two shared holders upgrading would deadlock).
-    Exclusive: waits for every other admission of the tenant. Shared: waits only for exclusive ones."""
-    if connection.vendor == "postgresql":
-        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {function}(%s, %s)", [ADMISSION_LOCK, tenant_id])
+    with connection.cursor() as cursor:
+        _tenant_locked_statement(exact).execute(cursor, {"space": ADMISSION_LOCK, "tenant": tenant_id})
+        row = cursor.fetchone()
+    if row is None:
+        raise Tenant.DoesNotExist(f"no tenant {tenant_id}")
+    return model_from_row(Tenant, row)
 
 
 _in_flight_bound: int | None = None
@@ -84,18 +97,42 @@ def in_flight_bound() -> int:
     return _in_flight_bound
 
 
-# tenant id -> (open, queued) as this process last counted them under the lock, plus what it admitted
-# then: the unlocked look of the tenant's next submit here, in place of a count of its own. Only a hint
-# (other processes' jobs are not in it): the count under the lock decides, and a submit it misleads
-# into the shared path near a limit is admitted again, exactly (``AdmitAgain``), with the hint renewed.
+# tenant id -> its limits, and (open, queued) plus what was admitted then, as this process last read them
+# under the lock: the unlocked look of the tenant's next submit here, in place of reads of its own. Only
+# a hint (other processes' jobs and a quota changed since are not in it): what is read under the lock
+# decides, and a submit the hint misleads into the shared path (near a limit, or a money limit set since)
+# is admitted again, exactly (``AdmitAgain``), with the hint renewed.
+_limits_last: dict[int, Limits] = {}
 _counts_last: dict[int, tuple[int, int]] = {}
 
 
-def _counts_admitted(tenant: Tenant, limits, ask: JobAsk, *, exact: bool) -> None:
-    """Lock and check the open/queued counts: exactly (exclusive), or with room for every
+def _exact_needed(limits: Limits, ask: JobAsk, *, open_jobs: int, queued: int) -> bool:
+    """Whether this admission must see every other one of the tenant: a money hold or an array does,
+    and so does a single job whose counts are within twice the in-flight bound of a limit."""
+    if connection.vendor != "postgresql" or ask.count > 1:
+        return True
+    if limits.monthly_spend_limit is not None and ask.endpoint_id is None:
+        return True
+    if limits.max_open_jobs is None and limits.max_queued_jobs is None:
+        return False
+    margin = 2 * in_flight_bound()
+    return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
+
+
+def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
+    """:func:`_exact_needed` by what this process last read of the tenant under the lock; a tenant it has
+    not admitted yet is looked at first (its limits and counts, unlocked: one more statement, once)."""
+    if connection.vendor != "postgresql" or ask.count > 1:
+        return True
+    limits, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
+    if limits is None or counts is None:
+        limits, *counts = selectors.limits_and_job_counts(tenant)
+    return _exact_needed(limits, ask, open_jobs=counts[0], queued=counts[1])
+
+
+def _counts_admitted(tenant: Tenant, limits: Limits, ask: JobAsk, *, open_jobs: int, queued: int, exact: bool) -> None:
+    """Check the open/queued counts read under the lock: exactly (exclusive), or with room for every
     transaction that could be admitting alongside (shared)."""
-    _tenant_admission_lock(tenant.pk, shared=not exact)
-    open_jobs, queued = selectors.job_counts(tenant)
     _counts_last[tenant.pk] = (open_jobs + ask.count, queued + ask.count)
     _raise(count_refusal(limits, open_jobs=open_jobs, queued_jobs=queued, count=ask.count))
     if exact:
@@ -114,21 +151,6 @@ def _raise(refusal: Refusal | None, error=JobError) -> None:
         raise error(refusal.message, code=refusal.code, field=refusal.field)
 
 
-def _needs_exact(tenant: Tenant, limits, ask: JobAsk) -> bool:
-    """Whether this admission must see every other one of the tenant: a money hold or an array does,
-    and so does a single job whose unlocked look at the counts finds them within twice the
-    in-flight bound of a limit (the look is a hint; the locked count decides)."""
-    if connection.vendor != "postgresql" or ask.count > 1:
-        return True
-    if limits.monthly_spend_limit is not None and ask.endpoint_id is None:
-        return True
-    if limits.max_open_jobs is None and limits.max_queued_jobs is None:
-        return False
-    margin = 2 * in_flight_bound()
-    open_jobs, queued = _counts_last.get(tenant.pk) or selectors.job_counts(tenant)
-    return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
-
-
 @acts_for_tenant
 def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     """Refuse ``ask.count`` jobs the tenant's limits or money budget forbid (raises ``JobError``).
@@ -136,14 +158,19 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     Order: state, size (can it ever fit), open and queued job counts, the month's GPU-hours
     and spend, then the money hold: the jobs' max cost must fit in what the budget has left
     after what is spent and what open holds reserve. A replica (``ask.endpoint_id``) is covered
-    by its endpoint's hold.
+    by its endpoint's hold. Two statements before any usage or hold: the locks, then the limits
+    and counts under them.
     """
-    locked = _tenant_share_locked(tenant.pk)
+    exact = _exact_hinted(tenant, ask)
+    locked = _tenant_locked(tenant.pk, exact=exact)
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
-    limits = limits_for(locked)
+    limits, open_jobs, queued = selectors.limits_and_job_counts(locked)
+    _limits_last[locked.pk] = limits
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
-    _counts_admitted(locked, limits, ask, exact=_needs_exact(locked, limits, ask))
+    if not exact and limits.monthly_spend_limit is not None and ask.endpoint_id is None:
+        raise AdmitAgain("the tenant's spend limit was set while this submit was admitted; retry it")
+    _counts_admitted(locked, limits, ask, open_jobs=open_jobs, queued=queued, exact=exact)
     if limits.gpu_hours_per_month is None and limits.monthly_spend_limit is None:
         return
     usage = selectors.month_usage(locked)
@@ -172,9 +199,8 @@ def endpoint_admit(
 
     The hold of an endpoint is its max replicas × its size × ``ENDPOINT_HOLD_HORIZON_S`` at its price.
     """
-    locked = _tenant_share_locked(tenant.pk)
+    locked = _tenant_locked(tenant.pk, exact=True)
     limits = limits_for(locked)
-    _tenant_admission_lock(locked.pk)
     count = selectors.endpoint_count(locked, exclude_id=endpoint_id)
     _raise(endpoint_refusal(limits, endpoints=count, max_replicas=max_replicas, new=endpoint_id is None), EndpointError)
     if limits.monthly_spend_limit is None:

@@ -24,6 +24,7 @@ from django_scopes import scopes_disabled
 
 from accounts.services import audit_record
 from accounts.tenancy import acts_for_tenant
+from gpushare.prepared import ServerStatement
 
 from . import events, ssrf
 from .models import Delivery, DeliveryAttempt, Webhook, WebhookEvent
@@ -135,7 +136,9 @@ def _send_soon(delivery_ids: list[int]) -> None:
         delivery_send_task.delay(delivery_id=delivery_id)
 
 
-_ACTIVE_HOOKS_SQL = f"SELECT id, events FROM {Webhook._meta.db_table} WHERE tenant_id = %s AND active ORDER BY id"
+_ACTIVE_HOOKS = ServerStatement(
+    f"SELECT id, events FROM {Webhook._meta.db_table} WHERE tenant_id = %s AND active ORDER BY id"
+)
 
 
 @acts_for_tenant("tenant_id")
@@ -144,7 +147,7 @@ def event_emit(*, tenant_id: int, type: str, data: dict, dedupe_key: str | None 
     and send after commit. One indexed query when none does; ``dedupe_key``: at most once."""
     assert type in events.EVENT_TYPES, type
     with connection.cursor() as cursor:  # written out: this runs inside every submit and state change
-        cursor.execute(_ACTIVE_HOOKS_SQL, [tenant_id])
+        _ACTIVE_HOOKS.execute(cursor, [tenant_id])
         hooks = [pk for pk, patterns in cursor.fetchall() if events.subscribed(json.loads(patterns), type)]
     if not hooks:
         return None

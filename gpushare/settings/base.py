@@ -276,6 +276,10 @@ GPUSHARE = {
     "NODELINK_COMMAND_TTL_S": int(os.environ.get("GPUSHARE_NODELINK_COMMAND_TTL_S", "600")),
     "NODELINK_CLOCK_SKEW_MS": int(os.environ.get("GPUSHARE_NODELINK_CLOCK_SKEW_MS", "15000")),
     "NODELINK_AUTO_KEY": env_bool("GPUSHARE_NODELINK_AUTO_KEY", True),
+    # Statements on the submit path are planned once per database connection (PREPARE / EXECUTE,
+    # gpushare.prepared.ServerStatement). Off behind a pooler that hands one client's statements to
+    # several server sessions (PgBouncer in transaction mode): GPUSHARE_DB_SERVER_PREPARED=0.
+    "DB_SERVER_PREPARED": env_bool("GPUSHARE_DB_SERVER_PREPARED", True),
     # Registries image jobs may pull from (comma-separated, e.g. "nvcr.io,ghcr.io"); empty: any.
     "ALLOWED_REGISTRIES": tuple(
         r.strip().lower() for r in os.environ.get("GPUSHARE_ALLOWED_REGISTRIES", "").split(",") if r.strip()

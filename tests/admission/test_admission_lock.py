@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django_scopes import scopes_disabled
 
 from accounts.services import quota_set
@@ -140,12 +141,12 @@ def test_a_shared_admission_that_finds_the_counts_at_the_edge_asks_for_a_retry(t
 
     quota_set(tenant=tenant, actor=None, max_open_jobs=admission_services.in_flight_bound())
     ask = JobAsk(kind="training", mode="dedicated", gpu_milli=1000, max_runtime_s=60, price_multiplier=1, gpu_model="")
-    with pytest.raises(JobError) as refused, transaction.atomic():
-        admission_services._counts_admitted(tenant, limits_for(tenant), ask, exact=False)
+    counted = {"open_jobs": 0, "queued": 0}  # what the count under the lock found
+    with pytest.raises(JobError) as refused:
+        admission_services._counts_admitted(tenant, limits_for(tenant), ask, **counted, exact=False)
     assert refused.value.code == "conflict" and "retry" in str(refused.value)
     # The exact path admits the same job: there is room for it.
-    with transaction.atomic():
-        admission_services._counts_admitted(tenant, limits_for(tenant), ask, exact=True)
+    admission_services._counts_admitted(tenant, limits_for(tenant), ask, **counted, exact=True)
 
 
 def jobs_added_elsewhere(tenant, count: int) -> None:
@@ -186,6 +187,36 @@ def test_a_submit_a_stale_hint_sends_down_the_shared_path_near_a_limit_is_admitt
         job_submit(tenant=tenant, user=None, spec=SPEC)
     assert refused.value.code == "conflict" and "retry" in str(refused.value)
     assert open_jobs(tenant) == 2 * bound + 2
+
+
+def test_a_spend_limit_set_since_the_last_look_sends_the_submit_down_the_exact_path(tenant):
+    """The hint said no money limit (shared lock); an operator set one since, from another process. The
+    limits read under the lock see it: the submit is run again with the exclusive lock (a money hold must
+    see every other one) and admitted; inside a caller's transaction it answers 409 and keeps nothing."""
+    job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert admission_services._limits_last[tenant.pk].monthly_spend_limit is None
+    hint = admission_services._limits_last[tenant.pk]
+    quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("100000.00"))
+    admission_services._limits_last[tenant.pk] = hint  # as if set by another process: this one's hint is stale
+
+    shared, exclusive = (admission_services._tenant_locked_statement(exact).name for exact in (False, True))
+    with CaptureQueriesContext(connection) as queries:
+        job_submit(tenant=tenant, user=None, spec=SPEC)
+    locks = [
+        name
+        for q in queries.captured_queries
+        for name in (shared, exclusive)
+        if q["sql"].startswith(f"EXECUTE {name} ")
+    ]
+    assert locks == [shared, exclusive], locks  # tried shared, run again exclusive
+    assert open_jobs(tenant) == 2
+    assert admission_services._limits_last[tenant.pk].monthly_spend_limit == Decimal("100000.00")
+
+    admission_services._limits_last[tenant.pk] = hint
+    with pytest.raises(JobError) as refused, transaction.atomic():
+        job_submit(tenant=tenant, user=None, spec=SPEC)
+    assert refused.value.code == "conflict" and "retry" in str(refused.value)
+    assert open_jobs(tenant) == 2
 
 
 def test_a_limit_already_passed_refuses_with_the_rule_on_the_shared_path_too(tenant):

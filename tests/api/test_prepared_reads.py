@@ -83,3 +83,73 @@ def test_a_value_the_build_does_not_use_is_an_error_not_a_query_without_it(tenan
     forgetful = Prepared(lambda shape, tenant_id, job_id: Job.objects.filter(tenant=tenant_id).values("id"))
     with pytest.raises(ValueError, match="job_id"):
         forgetful.rows(tenant_id=tenant.pk, job_id=1)
+
+
+# --- statements the server plans once per connection (ServerStatement) ------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # it closes the connection
+def test_a_server_statement_is_prepared_once_per_connection_and_run_with_each_calls_values():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gpushare.prepared import ServerStatement
+
+    statement = ServerStatement("SELECT %(a)s::integer + %(b)s::integer, %(a)s::integer * 2, '100%%'")
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        statement.execute(cursor, {"a": 2, "b": 3})
+        assert cursor.fetchone() == (5, 4, "100%")
+        statement.execute(cursor, {"b": 10, "a": 7})  # a name used twice is one parameter
+        assert cursor.fetchone() == (17, 14, "100%")
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert sent[0].startswith(f"PREPARE {statement.name} AS ") and "$1" in sent[0] and "$2" in sent[0]
+    assert sent[1:] == [f"EXECUTE {statement.name} (2, 3)", f"EXECUTE {statement.name} (7, 10)"]
+
+    # A new connection has prepared nothing: the statement is prepared there again.
+    connection.close()
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        statement.execute(cursor, {"a": 1, "b": 1})
+        assert cursor.fetchone() == (2, 2, "100%")
+    assert queries.captured_queries[0]["sql"].startswith(f"PREPARE {statement.name} AS ")
+
+
+def test_a_server_statement_survives_a_rolled_back_transaction():
+    """PostgreSQL keeps a prepared statement through a rollback: a submit refused after its first
+    statement leaves the connection's statements usable by the next."""
+    from django.db import connection, transaction
+
+    from gpushare.prepared import ServerStatement
+
+    statement = ServerStatement("SELECT %s::integer + 1")
+
+    class Refused(Exception):
+        pass
+
+    with pytest.raises(Refused), transaction.atomic(), connection.cursor() as cursor:
+        statement.execute(cursor, [1])
+        raise Refused
+    with connection.cursor() as cursor:
+        statement.execute(cursor, [41])
+        assert cursor.fetchone() == (42,)
+
+
+def test_server_statements_off_run_the_text_as_is(settings):
+    """Behind a pooler in transaction mode (GPUSHARE_DB_SERVER_PREPARED=0) nothing is prepared."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gpushare.prepared import ServerStatement
+
+    settings.GPUSHARE = {**settings.GPUSHARE, "DB_SERVER_PREPARED": False}
+    statement = ServerStatement("SELECT %s::integer * 3")
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        statement.execute(cursor, [5])
+        assert cursor.fetchone() == (15,)
+    assert [q["sql"] for q in queries.captured_queries] == ["SELECT 5::integer * 3"]
+
+
+def test_a_statement_mixing_placeholder_kinds_is_refused():
+    from gpushare.prepared import ServerStatement
+
+    with pytest.raises(ValueError, match="all %s or all"):
+        ServerStatement("SELECT %s, %(a)s")
