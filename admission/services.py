@@ -15,10 +15,13 @@ Services that act across tenants (the budget beat) say so; the rest run in the s
 from __future__ import annotations
 
 import functools
+import time
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -34,7 +37,7 @@ from accounts.limits import (
     hold_refusal,
     size_refusal,
 )
-from accounts.models import AuditLog, RunningJobsPolicy, Tenant, TenantMonthUsage
+from accounts.models import AuditLog, Plan, RunningJobsPolicy, Tenant, TenantMonthUsage, TenantQuota
 from accounts.selectors import limits_for
 from accounts.services import audit_record
 from accounts.services.tenants import running_jobs_stop
@@ -97,13 +100,26 @@ def in_flight_bound() -> int:
     return _in_flight_bound
 
 
-# tenant id -> its limits, and (open, queued) plus what was admitted then, as this process last read them
-# under the lock: the unlocked look of the tenant's next submit here, in place of reads of its own. Only
-# a hint (other processes' jobs and a quota changed since are not in it): what is read under the lock
-# decides, and a submit the hint misleads into the shared path (near a limit, or a money limit set since)
-# is admitted again, exactly (``AdmitAgain``), with the hint renewed.
-_limits_last: dict[int, Limits] = {}
+# tenant id -> its limits (and when they were read), and (open, queued) plus what was admitted then, as this
+# process last read them under the lock: the unlocked look of the tenant's next submit here, in place of
+# reads of its own. Only a hint (other processes' jobs, and limits they changed, are not in it): what is read
+# under the lock decides, and a submit the hint misleads into the shared path (near a limit, or a money
+# limit set since) is admitted again, exactly (``AdmitAgain``), with the hint renewed; inside a caller's
+# transaction, which cannot be run again, it answers 409. Limits changed by this process drop its hints at
+# once (``limits_changed``); limits older than ``LIMITS_HINT_S`` are looked at again.
+LIMITS_HINT_S = 5.0
+_limits_last: dict[int, tuple[Limits, float]] = {}
 _counts_last: dict[int, tuple[int, int]] = {}
+
+
+@receiver([post_save, post_delete], sender=TenantQuota)
+@receiver([post_save, post_delete], sender=Plan)
+def limits_changed(sender, instance, **kwargs) -> None:
+    """A quota or plan written by this process: the next submit of the tenants it covers looks again."""
+    if sender is TenantQuota:
+        _limits_last.pop(instance.tenant_id, None)
+    else:
+        _limits_last.clear()
 
 
 def _exact_needed(limits: Limits, ask: JobAsk, *, open_jobs: int, queued: int) -> bool:
@@ -124,8 +140,10 @@ def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
     not admitted yet is looked at first (its limits and counts, unlocked: one more statement, once)."""
     if connection.vendor != "postgresql" or ask.count > 1:
         return True
-    limits, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
-    if limits is None or counts is None:
+    hint, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
+    if hint is not None and counts is not None and time.monotonic() - hint[1] < LIMITS_HINT_S:
+        limits = hint[0]
+    else:
         limits, *counts = selectors.limits_and_job_counts(tenant)
     return _exact_needed(limits, ask, open_jobs=counts[0], queued=counts[1])
 
@@ -166,7 +184,7 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
     limits, open_jobs, queued = selectors.limits_and_job_counts(locked)
-    _limits_last[locked.pk] = limits
+    _limits_last[locked.pk] = (limits, time.monotonic())
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
     if not exact and limits.monthly_spend_limit is not None and ask.endpoint_id is None:
         raise AdmitAgain("the tenant's spend limit was set while this submit was admitted; retry it")

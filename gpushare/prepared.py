@@ -46,8 +46,19 @@ def placeholder(name: str, index: int, kind: type):
     return -(2**62) - 7919 * (index + 1)
 
 
+_by_sql: dict[str, ServerStatement] = {}
+
+
+def _statement(sql: str) -> ServerStatement:
+    """One :class:`ServerStatement` per text, whichever thread compiled it (one name, prepared once per
+    connection), so that a shape compiled again (a thread's cache emptied) is not prepared again."""
+    found = _by_sql.get(sql)
+    return found if found is not None else _by_sql.setdefault(sql, ServerStatement(sql))
+
+
 class Prepared:
-    """``build(shape, **values)`` -> a ``.values()`` QuerySet; :meth:`rows` runs it with real values.
+    """``build(shape, **values)`` -> a ``.values()`` QuerySet; :meth:`rows` runs it with real values,
+    planned by the server once per connection (:class:`ServerStatement`).
 
     ``shape``: what changes the SQL itself (e.g. a page's direction and size), compiled once per
     distinct shape; ``kinds`` names each value's type (``int`` by default; ``datetime`` for
@@ -78,7 +89,7 @@ class Prepared:
             query = queryset.query
             columns = [*query.extra_select, *query.values_select, *query.annotation_select]
             fields = [s[0] for s in compiler.select[: compiler.col_count]]
-            found = (sql, slots, columns, compiler, compiler.get_converters(fields))
+            found = (_statement(sql), slots, columns, compiler, compiler.get_converters(fields))
             if len(cache) >= self.SHAPES_KEPT:
                 cache.clear()
             cache[(shape, names)] = found
@@ -91,10 +102,10 @@ class Prepared:
         if connection.vendor != "postgresql":
             with scope(tenant=values[self.tenant]):
                 return list(self.build(shape, **values))
-        sql, slots, columns, compiler, converters = self._compiled(shape, tuple(sorted(values)))
+        statement, slots, columns, compiler, converters = self._compiled(shape, tuple(sorted(values)))
         params = [values[name] if name else fixed for name, fixed in slots]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            statement.execute(cursor, params)
             rows = cursor.fetchall()
         if converters:
             rows = compiler.apply_converters(map(list, rows), converters)

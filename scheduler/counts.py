@@ -57,6 +57,11 @@ def tenant_counts_sql(tenant: str) -> str:
                   FROM ({_kept("open, queued", f"tenant_id = {tenant}")}) AS rows)"""
 
 
+def queued_in_sql(classes: str) -> str:
+    """An expression: the queued jobs of every tenant in ``classes`` (the SQL of an array of class ids)."""
+    return f"(SELECT coalesce(sum(queued), 0) FROM ({_kept('queued', f'priority_id = ANY({classes})')}) AS rows)"
+
+
 def queued_ahead_sql(priority: str) -> str:
     """An expression: the queued jobs of every tenant in classes ranked above or equal to the class
     ``priority`` (the SQL of its id): the place a job submitted now takes in the queue, less one."""

@@ -6,6 +6,8 @@ can page through jobs without an N+1 on ``queue_position`` or the metrics.
 
 from __future__ import annotations
 
+import functools
+
 from django.contrib.postgres.fields import ArrayField
 from django.db import connection
 from django.db.models import CharField, F, IntegerField, Max, Min, QuerySet, Sum
@@ -13,31 +15,45 @@ from django.db.models.expressions import RawSQL
 
 from accounts.tenancy import tenant_id_of, tenant_scope
 from agents.models import Gpu
+from gpushare.prepared import ServerStatement
 
+from ..counts import queued_in_sql
 from ..models import Allocation, Job, JobState, OpenJob, PriorityClass
 from ..selectors import allocations_held_uuids
 
 MAX_METRIC_POINTS = 500
+# A queued job's place is counted from the queue's end when at most this many queued jobs of its rank are at
+# or after it (a recent job, which a job list shows first), else from the queue's head.
+TAIL_COUNTED = 10_000
 
 
 def _queue_position_sql() -> str:
     """SQL for a job row's queue position (1-based; NULL unless queued): the queued jobs of higher
-    classes, plus those of the same rank submitted before it. On PostgreSQL both counts are range
-    scans of the narrow table of unfinished jobs (``OpenJob``, kept by triggers; its queued rows by class,
-    submission time and id), so the cost is the number of queued jobs ahead of it, never the size of
-    the job table nor its history; elsewhere the same counts over the jobs."""
+    classes, plus those of the same rank submitted before it. On PostgreSQL the first are the counts the
+    database keeps (``scheduler.counts``) and the second its rank's kept count less the queued jobs of its
+    rank from it to the queue's end, counted on the narrow table of unfinished jobs (``OpenJob``, kept by
+    triggers; its queued rows by class, submission time and id) when there are at most ``TAIL_COUNTED``
+    (a recent job), else those before it counted from the queue's head: the cost is the smaller side of
+    the queue, at most ``TAIL_COUNTED``, never the size of the job table nor its history; elsewhere the
+    same counts over the jobs."""
     job, classes = Job._meta.db_table, PriorityClass._meta.db_table
     rank = f"(SELECT r.rank FROM {classes} r WHERE r.id = {job}.priority_id)"
     if connection.vendor == "postgresql":
         queue = OpenJob._meta.db_table
 
-        def ahead(op: str) -> str:
+        def of_rank(op: str) -> str:
             # = ANY(ARRAY(...)) makes the class the index's leading key (a range per class).
-            return f"""(SELECT count(*) FROM {queue} q WHERE q.state = 'queued'
-                AND q.priority_id = ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} {rank}))"""
+            return f"ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} {rank})"
 
-        return f"""CASE WHEN {job}.state = 'queued' THEN 1 + {ahead(">")})
-            + {ahead("=")} AND (q.submitted_at, q.job_id) < ({job}.submitted_at, {job}.id)) END"""
+        def same_rank(op: str, limit: str = "") -> str:
+            return f"""(SELECT count(*) FROM (SELECT 1 FROM {queue} q WHERE q.state = 'queued'
+                AND q.priority_id = ANY({of_rank("=")}) AND (q.submitted_at, q.job_id) {op} ({job}.submitted_at,
+                {job}.id) {limit}) n)"""
+
+        return f"""CASE WHEN {job}.state = 'queued' THEN 1 + {queued_in_sql(of_rank(">"))} + (
+            SELECT CASE WHEN tail.n <= {TAIL_COUNTED} THEN {queued_in_sql(of_rank("="))} - tail.n
+                        ELSE {same_rank("<")} END
+              FROM (SELECT {same_rank(">=", f"LIMIT {TAIL_COUNTED + 1}")} AS n) tail) END"""
     ids = f"SELECT c.id FROM {classes} c WHERE c.rank"
     return f"""CASE WHEN {job}.state = 'queued' THEN 1
         + (SELECT count(*) FROM {job} a WHERE a.state = 'queued' AND a.priority_id IN ({ids} > {rank}))
@@ -115,13 +131,13 @@ def gpu_uuids_of(*, tenant, job_ids: list[int]) -> dict[int, list[str]]:
         return {}
     allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
     index = connection.ops.quote_name("index")  # a keyword of SQLite's (the demo)
+    select = f"""SELECT a.job_id, a.tenant_id, a.released_at, g.{index}, g.uuid
+                   FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id WHERE a.job_id"""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""SELECT a.job_id, a.tenant_id, a.released_at, g.{index}, g.uuid
-                FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
-                WHERE a.job_id IN ({", ".join(["%s"] * len(job_ids))})""",
-            job_ids,
-        )
+        if connection.vendor == "postgresql":  # one statement for any page, planned once per connection
+            _allocations_statement(select).execute(cursor, [list(job_ids)])
+        else:
+            cursor.execute(f"{select} IN ({', '.join(['%s'] * len(job_ids))})", job_ids)
         # The tenant is checked here, not in the WHERE: PostgreSQL would read its whole history's allocations
         # from the tenant_id index to intersect them with the page's few.
         tenant_id = tenant_id_of(tenant)
@@ -132,51 +148,73 @@ def gpu_uuids_of(*, tenant, job_ids: list[int]) -> dict[int, list[str]]:
     return {job_id: allocations_held_uuids(held) for job_id, held in by_job.items()}
 
 
+@functools.cache
+def _allocations_statement(select: str) -> ServerStatement:
+    return ServerStatement(f"{select} = ANY(%s)")
+
+
 def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
     """Queue positions of a page's queued jobs of ``tenant`` (every tenant's queued jobs count for the place;
-    higher class first, then first come), in one query whose cost does not grow with the queue behind them.
+    higher class first, then first come), in one query whose cost does not grow with the queue.
 
-    Per class rank among the page's jobs: the queued jobs ahead of its first job are two counts over ranges of
-    the narrow table of unfinished jobs (``OpenJob``: its queued rows by class, submission time and id), and
-    the jobs from its first to its last are read in order from the same index (one range: the page's own span
-    of the queue, not the whole queue). Jobs that are not queued, or not the tenant's, are absent."""
+    Per class rank among the page's jobs: the queued jobs ahead of its first job are those of the classes
+    ranked above (the counts the database keeps, ``scheduler.counts``) plus those of its rank before it: its
+    rank's kept count less the jobs from the page's first to the queue's end, counted on the narrow table of
+    unfinished jobs (``OpenJob``: queued rows by class, submission time and id) when there are at most
+    ``TAIL_COUNTED`` (a page of recent jobs), else counted from the queue's head (a page of old ones). The
+    jobs from its first to its last are read in order from the same index (the page's own span of the queue).
+    Jobs that are not queued, or not the tenant's, are absent."""
     if not job_ids:
         return {}
     if connection.vendor != "postgresql":  # the SQLite demo: a count per job
         return queue_positions(tenant=tenant, job_ids=job_ids)
+    with connection.cursor() as cursor:
+        _positions_statement().execute(
+            cursor, {"tenant": tenant_id_of(tenant), "ids": list(job_ids), "tail": TAIL_COUNTED}
+        )
+        return dict(cursor.fetchall())
+
+
+@functools.cache
+def _positions_statement() -> ServerStatement:
     job, classes, queue = Job._meta.db_table, PriorityClass._meta.db_table, OpenJob._meta.db_table
 
     def of_rank(op: str) -> str:
-        return f"= ANY(ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} s.rank))"
+        return f"ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} s.rank)"
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""WITH page AS (
+    def queued(op: str, before: str, limit: str = "") -> str:
+        """Queued jobs of the page's rank ``before`` (a comparison) its first job, at most ``limit``."""
+        return f"""(SELECT count(*) FROM (SELECT 1 FROM {queue} a WHERE a.state = 'queued'
+                      AND a.priority_id = ANY({of_rank("=")})
+                      AND (a.submitted_at, a.job_id) {op} {before} {limit}) n)"""
+
+    first = "(s.first_at, s.first_id)"
+    return ServerStatement(
+        f"""WITH page AS (
                     SELECT j.id, j.submitted_at, c.rank FROM {job} j JOIN {classes} c ON c.id = j.priority_id
-                    WHERE j.tenant_id = %s AND j.state = 'queued' AND j.id = ANY(%s)
+                    WHERE j.tenant_id = %(tenant)s AND j.state = 'queued' AND j.id = ANY(%(ids)s)
                 ), spans AS (
                     SELECT rank, (array_agg(submitted_at ORDER BY submitted_at, id))[1] AS first_at,
                         (array_agg(id ORDER BY submitted_at, id))[1] AS first_id,
                         (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
                         (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
                     FROM page GROUP BY rank
+                ), tails AS MATERIALIZED (
+                    SELECT s.*, {queued(">=", first, "LIMIT %(tail)s + 1")} AS tail FROM spans s
                 ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
-                    SELECT s.*,
-                        (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id {of_rank(">")})
-                        + (SELECT count(*) FROM {queue} a WHERE a.state = 'queued' AND a.priority_id {of_rank("=")}
-                             AND (a.submitted_at, a.job_id) < (s.first_at, s.first_id)) AS before
-                    FROM spans s
+                    SELECT s.*, {queued_in_sql(of_rank(">"))} + CASE
+                        WHEN s.tail <= %(tail)s THEN {queued_in_sql(of_rank("="))} - s.tail
+                        ELSE {queued("<", first)} END AS before
+                    FROM tails s
                 )
                 SELECT q.id, q.position FROM (
                     SELECT a.job_id AS id,
                         s.before + row_number() OVER (PARTITION BY s.rank ORDER BY a.submitted_at, a.job_id) AS position
-                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id {of_rank("=")}
-                        AND (a.submitted_at, a.job_id) >= (s.first_at, s.first_id)
+                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id = ANY({of_rank("=")})
+                        AND (a.submitted_at, a.job_id) >= {first}
                         AND (a.submitted_at, a.job_id) <= (s.last_at, s.last_id)
-                ) q JOIN page p ON p.id = q.id""",
-            [tenant_id_of(tenant), list(job_ids)],
-        )
-        return dict(cursor.fetchall())
+                ) q JOIN page p ON p.id = q.id"""
+    )
 
 
 def queue_positions(*, tenant, job_ids: list[int]) -> dict[int, int]:

@@ -206,7 +206,7 @@ def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
-def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries):
+def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries, monkeypatch):
     """No budget: take the admission lock (shared: far from the limits, as what this process read at its
     last submit says, so no look of its own) and share-lock the tenant in one statement, then read the
     limits and count the open and queued jobs under them in another; no usage, no holds. A process that
@@ -217,6 +217,12 @@ def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, d
     with django_assert_num_queries(2):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
     admission_services._counts_last.pop(tenant.pk)
+    with django_assert_num_queries(3):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+    with django_assert_num_queries(2):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+    # Limits read longer ago than the hint lasts (another process may have changed them) are looked at again.
+    monkeypatch.setattr(admission_services, "LIMITS_HINT_S", 0.0)
     with django_assert_num_queries(3):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 

@@ -194,9 +194,10 @@ def test_a_spend_limit_set_since_the_last_look_sends_the_submit_down_the_exact_p
     limits read under the lock see it: the submit is run again with the exclusive lock (a money hold must
     see every other one) and admitted; inside a caller's transaction it answers 409 and keeps nothing."""
     job_submit(tenant=tenant, user=None, spec=SPEC)
-    assert admission_services._limits_last[tenant.pk].monthly_spend_limit is None
     hint = admission_services._limits_last[tenant.pk]
+    assert hint[0].monthly_spend_limit is None
     quota_set(tenant=tenant, actor=None, monthly_spend_limit=Decimal("100000.00"))
+    assert tenant.pk not in admission_services._limits_last  # this process's own change drops its hint
     admission_services._limits_last[tenant.pk] = hint  # as if set by another process: this one's hint is stale
 
     shared, exclusive = (admission_services._tenant_locked_statement(exact).name for exact in (False, True))
@@ -210,7 +211,7 @@ def test_a_spend_limit_set_since_the_last_look_sends_the_submit_down_the_exact_p
     ]
     assert locks == [shared, exclusive], locks  # tried shared, run again exclusive
     assert open_jobs(tenant) == 2
-    assert admission_services._limits_last[tenant.pk].monthly_spend_limit == Decimal("100000.00")
+    assert admission_services._limits_last[tenant.pk][0].monthly_spend_limit == Decimal("100000.00")
 
     admission_services._limits_last[tenant.pk] = hint
     with pytest.raises(JobError) as refused, transaction.atomic():

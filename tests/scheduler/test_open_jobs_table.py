@@ -153,10 +153,18 @@ def test_the_counts_triggers_name_the_queued_state_the_application_does():
     assert "state = 'queued'" in migration.TRIGGERS and JobState.QUEUED == "queued"
 
 
-def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenant):
+@pytest.mark.parametrize("tail", [0, 3, 10_000])
+def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenant, monkeypatch, tail):
     """Random submits (lone jobs and arrays), transitions, class moves, deletions, with folds at random
-    moments: the kept counts always equal the jobs', and so do admission's counts and a new job's place."""
+    moments: the kept counts always equal the jobs', and so do admission's counts, a new job's place and
+    every queued job's place as a detail and a list page show it, whether counted from the queue's end
+    (kept counts less the tail) or from its head (``tail``: how many jobs at or after a job are counted
+    from the end at most; 0: always from the head)."""
     import random
+
+    from scheduler.api import selectors as api_selectors
+
+    monkeypatch.setattr(api_selectors, "TAIL_COUNTED", tail)
 
     from scheduler.services import job_insert
     from tests.scheduler.test_job_insert import new_job
@@ -196,3 +204,11 @@ def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenan
                     Job.objects.filter(tenant=owner, state=JobState.QUEUED).count(),
                 )
             assert job_counts(owner) == counted, step
+        if step % 10 == 0:
+            places = ranking()
+            for owner in tenants:
+                with scopes_disabled():
+                    ids = list(Job.objects.filter(tenant=owner).values_list("pk", flat=True))
+                mine = {pk: place for pk, place in places.items() if pk in ids}
+                assert queue_positions_page(tenant=owner, job_ids=ids) == mine, step
+                assert queue_positions(tenant=owner, job_ids=ids) == mine, step
