@@ -173,6 +173,7 @@ def run(ctx) -> tuple[list[Row], dict]:
                     f"{res['socket_errors']}"
                 )
             stack.jobs_cancel_queued()
+            stack.tables_settle()
         fixed = fixed_rate_runs(ctx, stack, seconds=10 if ctx.quick else 20)
     finally:
         stack.jobs_cancel_queued()
