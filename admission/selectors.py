@@ -242,7 +242,7 @@ def budget_now(tenant: Tenant, limits: Limits, *, usage: MonthUsage | None = Non
 def _job_counts_sql(jobs: str) -> str:
     """Open and queued jobs of a tenant (``jobs``: a subquery of its ``open`` and ``queued``), with the
     tasks of its arrays the scheduler has not made yet (queued, one row per array: ``JobArray.tasks_made``)."""
-    return f"""SELECT jobs.open + arrays.tasks, jobs.queued + arrays.tasks FROM {jobs} AS jobs,
+    return f"""SELECT jobs.open + arrays.tasks AS open, jobs.queued + arrays.tasks AS queued FROM {jobs} AS jobs,
                  (SELECT coalesce(sum(task_count), 0) AS tasks FROM {JobArray._meta.db_table}
                     WHERE tenant_id = %(tenant)s AND NOT tasks_made) AS arrays"""
 
@@ -277,7 +277,7 @@ def _limits_and_counts(vendor: str) -> ServerStatement:
     columns, tables = limits_sql()
     return ServerStatement(
         f"SELECT {columns}, counts.open, counts.queued FROM {tables} "
-        f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts (open, queued)"
+        f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
     )
 
 

@@ -72,7 +72,7 @@ def job_array_submit(
                 "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
             },
         )
-    schedule_soon()
+    schedule_soon(submitted=True)
     return job_array
 
 

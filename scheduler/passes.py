@@ -57,6 +57,11 @@ log = logging.getLogger(__name__)
 PASS_FLAG_KEY = "gpushare:scheduler:pass-queued"
 PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it anyway
 PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when the next may start
+# Set after a pass that changed nothing while jobs waited (no room for any of them): new jobs alone (submits)
+# then wait this long for the next pass; a change that may make room (a job ends, a node comes up, a cancel)
+# asks without waiting and clears it.
+NO_PROGRESS_KEY = "gpushare:scheduler:no-progress"
+NO_PROGRESS_PACE_MS = 250
 PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
 PACE_DUTY = 4  # a pass may start this many times its duration after the previous one started
 PACE_MAX_MS = 1000
@@ -80,9 +85,12 @@ def pace_ms(last_ms: int) -> int:
     return min(max(0, last_ms) * PACE_DUTY, PACE_MAX_MS)
 
 
-def pass_request(*, min_wait_ms: int = 0) -> None:
+def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait
-    (and at least ``min_wait_ms``)."""
+    (and at least ``min_wait_ms``). ``submitted``: asked for by new jobs only (a submit): after a pass
+    that changed nothing while jobs waited, they wait ``NO_PROGRESS_PACE_MS`` for the next, since new
+    jobs rarely make a full cluster's queue move (Slurm's submits, likewise, look only at the top of its
+    queue); anything else asks as before and lets the next submits' passes start at once again."""
     from .tasks import schedule_pass_task
 
     client = _redis()
@@ -91,9 +99,15 @@ def pass_request(*, min_wait_ms: int = 0) -> None:
         try:
             with client.pipeline(transaction=False) as pipe:
                 pipe.set(PASS_FLAG_KEY, "1", nx=True, ex=PASS_FLAG_TTL_S).pttl(PASS_PACE_KEY)
-                queued, wait_ms = pipe.execute()
+                if submitted:
+                    pipe.pttl(NO_PROGRESS_KEY)
+                else:
+                    pipe.delete(NO_PROGRESS_KEY)
+                queued, wait_ms, held_ms = pipe.execute()
             if not queued:
                 return
+            if submitted:
+                wait_ms = max(wait_ms, held_ms)
         except redis.RedisError:  # Redis down: enqueue anyway, the broker will say more
             log.warning("could not coalesce the scheduling pass trigger", exc_info=True)
     wait_ms = max(wait_ms, min_wait_ms)
@@ -116,9 +130,11 @@ def pass_started() -> None:
             log.warning("could not clear the scheduling pass flag", exc_info=True)
 
 
-def pass_finished(seconds: float) -> None:
+def pass_finished(seconds: float, *, progressed: bool = True) -> None:
     """Remember how long the pass took (the pace of the next ones); a trigger from now on waits until
-    ``pace_ms`` of this pass has passed since it started (none at all after a pass of a few ms)."""
+    ``pace_ms`` of this pass has passed since it started (none at all after a pass of a few ms). A pass
+    that did not ``progress`` (jobs waited and it placed, preempted and moved nothing) holds the passes
+    new jobs alone ask for (``pass_request(submitted=True)``) for ``NO_PROGRESS_PACE_MS``."""
     client = _redis()
     if client is not None:
         ms = int(seconds * 1000)
@@ -130,6 +146,10 @@ def pass_finished(seconds: float) -> None:
                     pipe.set(PASS_PACE_KEY, "1", px=rest_ms)
                 else:
                     pipe.delete(PASS_PACE_KEY)
+                if progressed:
+                    pipe.delete(NO_PROGRESS_KEY)
+                else:
+                    pipe.set(NO_PROGRESS_KEY, "1", px=NO_PROGRESS_PACE_MS)
                 pipe.execute()
         except redis.RedisError:
             log.warning("could not record the scheduling pass duration", exc_info=True)
@@ -289,6 +309,11 @@ class PassResult:
     moved: int = 0  # slices moved to free GPUs for a waiting job (defragmentation)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (read, plan, write)
+
+    @property
+    def progressed(self) -> bool:
+        """Whether the queue moved (or nothing waited): not a pass that left every waiting job where it was."""
+        return bool(self.placed or self.preempted or self.moved) or not self.pending
 
 
 QUEUED_FIELDS = (

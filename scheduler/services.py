@@ -158,11 +158,12 @@ def job_transition(job: Job, to_state: str, detail: str = "", *, save_fields: tu
     webhook_emit.job_state_changed(job, from_state=from_state, detail=detail)
 
 
-def schedule_soon() -> None:
-    """Ask for a scheduling pass once the current transaction commits (coalesced with one already queued)."""
+def schedule_soon(*, submitted: bool = False) -> None:
+    """Ask for a scheduling pass once the current transaction commits (coalesced with one already queued);
+    ``submitted``: only new jobs ask (``passes.pass_request``)."""
     from .passes import pass_request
 
-    transaction.on_commit(pass_request)
+    transaction.on_commit(lambda: pass_request(submitted=submitted))
 
 
 def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1) -> None:
@@ -284,7 +285,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
         )
         job_insert(job)
         webhook_emit.job_state_changed(job, from_state=None, detail="submitted")
-    schedule_soon()
+    schedule_soon(submitted=True)
     return job
 
 

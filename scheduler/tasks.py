@@ -11,7 +11,7 @@ from . import passes, services
 def schedule_pass_task() -> dict:
     passes.pass_started()
     result = services.schedule_pass()
-    passes.pass_finished(result.seconds)
+    passes.pass_finished(result.seconds, progressed=result.progressed)
     scheduler_pass_observe(result)  # duration and placements (gpushare/observability/metrics.py)
     return {"placed": result.placed, "pending": result.pending}
 

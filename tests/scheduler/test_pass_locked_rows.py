@@ -24,7 +24,7 @@ from tests.scheduler.conftest import node_add, reload, submit
 @pytest.fixture
 def requested(monkeypatch):
     asked: list[int] = []
-    monkeypatch.setattr(passes, "pass_request", lambda *, min_wait_ms=0: asked.append(min_wait_ms))
+    monkeypatch.setattr(passes, "pass_request", lambda *, min_wait_ms=0, submitted=False: asked.append(min_wait_ms))
     return asked
 
 

@@ -9,7 +9,7 @@ import pytest
 from scheduler import passes
 from scheduler.tasks import schedule_pass_task
 
-KEYS = (passes.PASS_FLAG_KEY, passes.PASS_PACE_KEY, passes.PASS_LAST_MS_KEY)
+KEYS = (passes.PASS_FLAG_KEY, passes.PASS_PACE_KEY, passes.PASS_LAST_MS_KEY, passes.NO_PROGRESS_KEY)
 
 
 @pytest.fixture
@@ -58,6 +58,41 @@ def test_a_trigger_on_a_quiet_cluster_starts_a_pass_at_once(enqueued):
     time.sleep(0.02)
     passes.pass_request()
     assert enqueued == [0]
+
+
+def test_after_a_pass_that_moved_nothing_new_jobs_alone_wait_for_the_next(enqueued):
+    """A full (or cordoned) cluster and a stream of submits: the passes they ask for come at most every
+    NO_PROGRESS_PACE_MS, not at the pace of a quarter of a worker; a job that ends (room) asks at once."""
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=False)
+    time.sleep(0.02)  # past this pass's own pace
+    passes.pass_request(submitted=True)
+    assert len(enqueued) == 1 and 0.2 < enqueued[0] <= passes.NO_PROGRESS_PACE_MS / 1000
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=False)
+    time.sleep(0.02)
+    passes.pass_request()  # not a submit: a job ended, a node came up: at once
+    assert enqueued[1] == 0
+    passes.pass_started()  # that pass starts: the next submit's pass waits only for the ordinary pace (12 ms)
+    passes.pass_request(submitted=True)  # not held back any more
+    assert enqueued[2] <= passes.pace_ms(3) / 1000
+
+
+def test_after_a_pass_that_moved_the_queue_new_jobs_start_a_pass_at_once(enqueued):
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=True)
+    time.sleep(0.02)
+    passes.pass_request(submitted=True)
+    assert enqueued == [0]
+
+
+@pytest.mark.parametrize(
+    ("placed", "preempted", "moved", "pending", "progressed"),
+    [(0, 0, 0, 5, False), (1, 0, 0, 5, True), (0, 1, 0, 5, True), (0, 0, 1, 5, True), (0, 0, 0, 0, True)],
+)
+def test_a_pass_progressed_when_the_queue_moved_or_nothing_waited(placed, preempted, moved, pending, progressed):
+    result = passes.PassResult(placed=placed, preempted=preempted, moved=moved, pending=pending)
+    assert result.progressed is progressed
 
 
 def test_the_pace():
