@@ -276,8 +276,7 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
 def _limits_and_counts(vendor: str) -> ServerStatement:
     columns, tables = limits_sql()
     return ServerStatement(
-        f"SELECT {columns}, counts.open, counts.queued FROM {tables} "
-        f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
+        f"SELECT {columns}, counts.open, counts.queued FROM {tables} CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
     )
 
 

@@ -122,30 +122,29 @@ def limits_changed(sender, instance, **kwargs) -> None:
         _limits_last.clear()
 
 
-def _exact_needed(limits: Limits, ask: JobAsk, *, open_jobs: int, queued: int) -> bool:
-    """Whether this admission must see every other one of the tenant: a money hold or an array does,
-    and so does a single job whose counts are within twice the in-flight bound of a limit."""
+def _money_held(limits: Limits, ask: JobAsk) -> bool:
+    """Whether admitting these jobs reserves money against a spend limit (a replica: its endpoint's hold)."""
+    return limits.monthly_spend_limit is not None and ask.endpoint_id is None
+
+
+def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
+    """Whether this admission must see every other one of the tenant: an array or a money hold does, and so
+    does a single job whose counts are within twice the in-flight bound of a limit. Judged by what this
+    process last read of the tenant under the lock; a tenant it has not admitted yet is looked at first (its
+    limits and counts, unlocked: one more statement, once)."""
     if connection.vendor != "postgresql" or ask.count > 1:
         return True
-    if limits.monthly_spend_limit is not None and ask.endpoint_id is None:
+    hint, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
+    if hint is not None and counts is not None and time.monotonic() - hint[1] < LIMITS_HINT_S:
+        limits, (open_jobs, queued) = hint[0], counts
+    else:
+        limits, open_jobs, queued = selectors.limits_and_job_counts(tenant)
+    if _money_held(limits, ask):
         return True
     if limits.max_open_jobs is None and limits.max_queued_jobs is None:
         return False
     margin = 2 * in_flight_bound()
     return count_refusal(limits, open_jobs=open_jobs + margin, queued_jobs=queued + margin, count=1) is not None
-
-
-def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
-    """:func:`_exact_needed` by what this process last read of the tenant under the lock; a tenant it has
-    not admitted yet is looked at first (its limits and counts, unlocked: one more statement, once)."""
-    if connection.vendor != "postgresql" or ask.count > 1:
-        return True
-    hint, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
-    if hint is not None and counts is not None and time.monotonic() - hint[1] < LIMITS_HINT_S:
-        limits = hint[0]
-    else:
-        limits, *counts = selectors.limits_and_job_counts(tenant)
-    return _exact_needed(limits, ask, open_jobs=counts[0], queued=counts[1])
 
 
 def _counts_admitted(tenant: Tenant, limits: Limits, ask: JobAsk, *, open_jobs: int, queued: int, exact: bool) -> None:
@@ -186,7 +185,7 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     limits, open_jobs, queued = selectors.limits_and_job_counts(locked)
     _limits_last[locked.pk] = (limits, time.monotonic())
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
-    if not exact and limits.monthly_spend_limit is not None and ask.endpoint_id is None:
+    if not exact and _money_held(limits, ask):
         raise AdmitAgain("the tenant's spend limit was set while this submit was admitted; retry it")
     _counts_admitted(locked, limits, ask, open_jobs=open_jobs, queued=queued, exact=exact)
     if limits.gpu_hours_per_month is None and limits.monthly_spend_limit is None:

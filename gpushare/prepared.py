@@ -24,6 +24,7 @@ did not use it) is an error at the first run, not a query without it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import threading
@@ -179,14 +180,24 @@ def model_columns(model) -> list[str]:
     return [f.column for f in model._meta.concrete_fields]
 
 
+@functools.cache
+def _model_converters(model, vendor: str) -> tuple:
+    """(attnames, per field: its column and the converters the ORM applies to it on ``vendor``)."""
+    fields = model._meta.concrete_fields
+    converters = []
+    for field in fields:
+        column = field.get_col(model._meta.db_table)
+        converters.append((column, (*connection.ops.get_db_converters(column), *field.get_db_converters(connection))))
+    return [f.attname for f in fields], converters
+
+
 def model_from_row(model, row):
     """A ``model`` instance from the first values of ``row``, one per :func:`model_columns`, with the
     converters the ORM applies (the backend's, then the field's own ``from_db_value``)."""
-    fields = model._meta.concrete_fields
+    attnames, converters = _model_converters(model, connection.vendor)
     values = []
-    for field, value in zip(fields, row, strict=False):
-        column = field.get_col(model._meta.db_table)
-        for convert in (*connection.ops.get_db_converters(column), *field.get_db_converters(connection)):
+    for (column, convert_all), value in zip(converters, row, strict=False):
+        for convert in convert_all:
             value = convert(value, column, connection)
         values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], values)
+    return model.from_db(connection.alias, attnames, values)

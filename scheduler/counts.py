@@ -65,5 +65,5 @@ def queued_in_sql(classes: str) -> str:
 def queued_ahead_sql(priority: str) -> str:
     """An expression: the queued jobs of every tenant in classes ranked above or equal to the class
     ``priority`` (the SQL of its id): the place a job submitted now takes in the queue, less one."""
-    ranks = f"(SELECT c.id FROM {CLASSES} c WHERE c.rank >= (SELECT rank FROM {CLASSES} WHERE id = {priority}))"
-    return f"(SELECT coalesce(sum(queued), 0) FROM ({_kept('queued', f'priority_id IN {ranks}')}) AS rows)"
+    rank = f"(SELECT rank FROM {CLASSES} WHERE id = {priority})"
+    return queued_in_sql(f"ARRAY(SELECT c.id FROM {CLASSES} c WHERE c.rank >= {rank})")

@@ -27,6 +27,28 @@ MAX_METRIC_POINTS = 500
 TAIL_COUNTED = 10_000
 
 
+def _of_rank(op: str, rank: str) -> str:
+    """The ids of the classes whose rank is ``op`` ``rank`` (SQL), as an array: ``= ANY(...)`` of it makes the
+    class the leading key of ``OpenJob``'s queued index (a range per class)."""
+    return f"ARRAY(SELECT c.id FROM {PriorityClass._meta.db_table} c WHERE c.rank {op} {rank})"
+
+
+def _ahead_sql(rank: str, at: str, tail: str) -> str:
+    """An expression: the queued jobs ahead of the place ``at`` (the SQL of a ``(submitted_at, id)`` pair) of a
+    job of rank ``rank``: the classes ranked above (kept counts), plus its rank's kept count less the queued
+    jobs of its rank at or after ``at`` when there are at most ``tail`` (the SQL of a number), else those before
+    ``at`` counted from the queue's head."""
+
+    def same_rank(op: str, limit: str = "") -> str:
+        return f"""(SELECT count(*) FROM (SELECT 1 FROM {OpenJob._meta.db_table} a WHERE a.state = 'queued'
+                      AND a.priority_id = ANY({_of_rank("=", rank)}) AND (a.submitted_at, a.job_id) {op} {at}
+                      {limit}) n)"""
+
+    return f"""({queued_in_sql(_of_rank(">", rank))} + (
+        SELECT CASE WHEN t.n <= {tail} THEN {queued_in_sql(_of_rank("=", rank))} - t.n ELSE {same_rank("<")} END
+          FROM (SELECT {same_rank(">=", f"LIMIT {tail} + 1")} AS n) t))"""
+
+
 def _queue_position_sql() -> str:
     """SQL for a job row's queue position (1-based; NULL unless queued): the queued jobs of higher
     classes, plus those of the same rank submitted before it. On PostgreSQL the first are the counts the
@@ -39,21 +61,8 @@ def _queue_position_sql() -> str:
     job, classes = Job._meta.db_table, PriorityClass._meta.db_table
     rank = f"(SELECT r.rank FROM {classes} r WHERE r.id = {job}.priority_id)"
     if connection.vendor == "postgresql":
-        queue = OpenJob._meta.db_table
-
-        def of_rank(op: str) -> str:
-            # = ANY(ARRAY(...)) makes the class the index's leading key (a range per class).
-            return f"ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} {rank})"
-
-        def same_rank(op: str, limit: str = "") -> str:
-            return f"""(SELECT count(*) FROM (SELECT 1 FROM {queue} q WHERE q.state = 'queued'
-                AND q.priority_id = ANY({of_rank("=")}) AND (q.submitted_at, q.job_id) {op} ({job}.submitted_at,
-                {job}.id) {limit}) n)"""
-
-        return f"""CASE WHEN {job}.state = 'queued' THEN 1 + {queued_in_sql(of_rank(">"))} + (
-            SELECT CASE WHEN tail.n <= {TAIL_COUNTED} THEN {queued_in_sql(of_rank("="))} - tail.n
-                        ELSE {same_rank("<")} END
-              FROM (SELECT {same_rank(">=", f"LIMIT {TAIL_COUNTED + 1}")} AS n) tail) END"""
+        ahead = _ahead_sql(rank, f"({job}.submitted_at, {job}.id)", str(TAIL_COUNTED))
+        return f"CASE WHEN {job}.state = 'queued' THEN 1 + {ahead} END"
     ids = f"SELECT c.id FROM {classes} c WHERE c.rank"
     return f"""CASE WHEN {job}.state = 'queued' THEN 1
         + (SELECT count(*) FROM {job} a WHERE a.state = 'queued' AND a.priority_id IN ({ids} > {rank}))
@@ -178,16 +187,6 @@ def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
 @functools.cache
 def _positions_statement() -> ServerStatement:
     job, classes, queue = Job._meta.db_table, PriorityClass._meta.db_table, OpenJob._meta.db_table
-
-    def of_rank(op: str) -> str:
-        return f"ARRAY(SELECT c.id FROM {classes} c WHERE c.rank {op} s.rank)"
-
-    def queued(op: str, before: str, limit: str = "") -> str:
-        """Queued jobs of the page's rank ``before`` (a comparison) its first job, at most ``limit``."""
-        return f"""(SELECT count(*) FROM (SELECT 1 FROM {queue} a WHERE a.state = 'queued'
-                      AND a.priority_id = ANY({of_rank("=")})
-                      AND (a.submitted_at, a.job_id) {op} {before} {limit}) n)"""
-
     first = "(s.first_at, s.first_id)"
     return ServerStatement(
         f"""WITH page AS (
@@ -199,18 +198,13 @@ def _positions_statement() -> ServerStatement:
                         (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
                         (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
                     FROM page GROUP BY rank
-                ), tails AS MATERIALIZED (
-                    SELECT s.*, {queued(">=", first, "LIMIT %(tail)s + 1")} AS tail FROM spans s
                 ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
-                    SELECT s.*, {queued_in_sql(of_rank(">"))} + CASE
-                        WHEN s.tail <= %(tail)s THEN {queued_in_sql(of_rank("="))} - s.tail
-                        ELSE {queued("<", first)} END AS before
-                    FROM tails s
+                    SELECT s.*, {_ahead_sql("s.rank", first, "%(tail)s")} AS before FROM spans s
                 )
                 SELECT q.id, q.position FROM (
                     SELECT a.job_id AS id,
                         s.before + row_number() OVER (PARTITION BY s.rank ORDER BY a.submitted_at, a.job_id) AS position
-                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id = ANY({of_rank("=")})
+                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id = ANY({_of_rank("=", "s.rank")})
                         AND (a.submitted_at, a.job_id) >= {first}
                         AND (a.submitted_at, a.job_id) <= (s.last_at, s.last_id)
                 ) q JOIN page p ON p.id = q.id"""
