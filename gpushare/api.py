@@ -20,6 +20,7 @@ from django_scopes import scope
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions, pagination, permissions, serializers, status
+from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -117,7 +118,7 @@ def exception_handler(exc, context):
     code = getattr(exc, "error_code", None) or _CODE_BY_STATUS.get(response.status_code, "invalid")
     fields: dict = getattr(exc, "fields", None) or {}
     if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
-        fields = {k: [str(m) for m in (v if isinstance(v, list) else [v])] for k, v in exc.detail.items()}
+        fields = {k: [_flatten(m) for m in (v if isinstance(v, list) else [v])] for k, v in exc.detail.items()}
         message = "Invalid input: " + _flatten(exc.detail)
     else:
         message = _flatten(getattr(exc, "detail", str(exc)))
@@ -194,8 +195,13 @@ class TenantScopedMixin:
             self._tenant_scope = None
 
     def finalize_response(self, request, response, *args, **kwargs):
-        self._tenant_scope_close()
-        return super().finalize_response(request, response, *args, **kwargs)
+        try:
+            response = super().finalize_response(request, response, *args, **kwargs)
+            if isinstance(getattr(response, "accepted_renderer", None), BrowsableAPIRenderer):
+                response.render()  # the browsable API reads the tenant's rows as it renders (forms, filters)
+            return response
+        finally:
+            self._tenant_scope_close()
 
     def dispatch(self, request, *args, **kwargs):
         # An exception no handler turns into a response skips finalize_response: without this, the

@@ -19,7 +19,35 @@ _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OP
 _default = JSONEncoder().default  # DRF's: datetimes as ISO 8601 with Z for UTC, Decimals as floats, ...
 
 
+class JsonText:
+    """A value already written as JSON (a page of jobs PostgreSQL wrote, say). Put in a response's data, it is
+    copied into the document as is (orjson), or decoded and encoded again on DRF's own path (pretty printing,
+    the browsable API)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes):
+        self.text = text
+
+
+def _fast_default(obj):
+    if type(obj) is JsonText:
+        return orjson.Fragment(obj.text)
+    return _default(obj)
+
+
+class JsonTextEncoder(JSONEncoder):
+    """DRF's encoder, for documents that hold :class:`JsonText` values."""
+
+    def default(self, obj):
+        if type(obj) is JsonText:
+            return orjson.loads(obj.text)
+        return super().default(obj)
+
+
 class FastJSONRenderer(JSONRenderer):
+    encoder_class = JsonTextEncoder
+
     def render(self, data, accepted_media_type=None, renderer_context=None):
         if data is None:
             return b""
@@ -27,7 +55,7 @@ class FastJSONRenderer(JSONRenderer):
         if pretty or not self.compact or self.ensure_ascii:
             return super().render(data, accepted_media_type, renderer_context)
         try:
-            out = orjson.dumps(data, default=_default, option=_OPTIONS)
+            out = orjson.dumps(data, default=_fast_default, option=_OPTIONS)
         except orjson.JSONEncodeError:
             return super().render(data, accepted_media_type, renderer_context)
         if b"\xe2\x80\xa8" in out or b"\xe2\x80\xa9" in out:  # line/paragraph separators: not in JS strings

@@ -223,6 +223,17 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat()[:-6] + "Z"
 
 
+def sm_util_tenths(sm_util_ms: int, gpu_held_ms: int) -> int:
+    """Mean SM utilisation in tenths of a percent, rounded half up on the exact ratio (integers only, so the
+    page PostgreSQL writes, ``selectors.job_page_statement``, reads the same figure)."""
+    return (2000 * sm_util_ms + gpu_held_ms) // (2 * gpu_held_ms)
+
+
+def energy_ten_thousandths(energy_mj: int) -> int:
+    """Energy in 1/10,000 Wh (3,600,000 mJ a Wh), rounded half up, in integers (as ``sm_util_tenths``)."""
+    return (2 * energy_mj + 360) // 720
+
+
 def job_body(row: Mapping) -> dict:
     """A job as the API shows it, from a plain row: the columns of ``JOB_API_COLUMNS`` (``.values()`` names)
     plus ``gpu_uuids`` and ``queue_position``. A list page renders its rows with this directly (no model
@@ -260,10 +271,10 @@ def job_body(row: Mapping) -> dict:
         "preemption_count": row["preemption_count"],
         "cost": money_exact(row["cost"]),  # the API's money is exact (docs/billing.md)
         "usage": {
-            "gpu_seconds": round(gpu_ms / 1000, 3),
-            "sm_util_avg": round(row["sm_util_ms"] / held_ms / max(1, whole) * 100, 1) if held_ms else None,
+            "gpu_seconds": gpu_ms / 1000,
+            "sm_util_avg": sm_util_tenths(row["sm_util_ms"], held_ms * max(1, whole)) / 10 if held_ms else None,
             "memory_peak_mb": row["memory_peak_mb"],
-            "energy_wh": round(row["energy_mj"] / 3_600_000, 4),
+            "energy_wh": energy_ten_thousandths(row["energy_mj"]) / 10_000,
         },
     }
 

@@ -60,6 +60,16 @@ def test_bad_job_bodies_are_400_invalid(rules, tenant, api_client_for, body, fie
         assert not Job.objects.exists()
 
 
+def test_a_nested_fields_error_names_the_place_in_words(rules, tenant, api_client_for):
+    """An error inside a list or a map (the command's second word, an env value) reads as a sentence,
+    not as the repr of DRF's error objects."""
+    body = {**GOOD, "command": ["ok", "a\x00b"], "env": {"A": "b\x00"}}
+    error = assert_error(api_client_for(tenant).post("/api/v1/jobs/", body, format="json"), 400, "invalid")
+    assert error["fields"]["command"] == ["1: Null characters are not allowed."]
+    assert error["fields"]["env"] == ["A: Null characters are not allowed."]
+    assert "ErrorDetail" not in json.dumps(error)
+
+
 @pytest.mark.parametrize(
     ("raw", "content_type"),
     [

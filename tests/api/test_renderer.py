@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -44,8 +45,6 @@ def test_the_same_document_as_drf_writes(data):
     # Floats may be written differently (1e-5 for 1e-05) but must be the same number; everything else is
     # byte for byte.
     if b"e-" in theirs:
-        import json
-
         assert json.loads(ours) == json.loads(theirs)
     else:
         assert ours == theirs
@@ -71,3 +70,33 @@ def test_the_api_answers_through_it(api_client_for, tenant):
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert isinstance(response.accepted_renderer, FastJSONRenderer)
     assert response.json()["results"] == []
+
+
+def test_json_text_is_copied_in_as_is_or_decoded_for_drfs_path():
+    from gpushare.renderers import JsonText
+
+    data = {"results": JsonText(b'[{"a":1,"s":"x\\u0001\xe2\x80\xa8"}]'), "next": None}
+    compact = FastJSONRenderer().render(data)
+    assert compact == b'{"results":[{"a":1,"s":"x\\u0001\\u2028"}],"next":null}'  # U+2028 escaped here too
+    pretty = FastJSONRenderer().render(data, "application/json; indent=2")
+    assert pretty.startswith(b'{\n  "results": [\n') and json.loads(pretty) == json.loads(compact)
+
+
+BROWSABLE_PATHS = ["/api/v1/jobs/", "/api/v1/jobs/{job}/", "/api/v1/arrays/", "/api/v1/endpoints/", "/api/v1/spend/"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", BROWSABLE_PATHS)
+def test_the_browsable_api_renders_inside_the_tenants_scope(path, rules, tenant, other_tenant, api_client_for):
+    """The browsable API reads the tenant's rows as it renders (its forms), after the view returned: that
+    must happen in the tenant's scope (it was a 500), and show only the tenant's."""
+    from tests.api.helpers import job_make
+
+    mine, theirs = job_make(tenant, name="mine-job"), job_make(other_tenant, name="their-job")
+    response = api_client_for(tenant).get(path.format(job=mine.pk), HTTP_ACCEPT="text/html")
+    assert response.status_code == 200, response.content[:300]
+    assert response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    assert "their-job" not in page and f"/api/v1/jobs/{theirs.pk}/" not in page
+    if "jobs" in path:
+        assert "mine-job" in page
