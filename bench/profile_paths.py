@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=20_000, help="finished jobs inserted first")
     parser.add_argument("--queued", type=int, default=2_000, help="queued jobs inserted first")
     parser.add_argument(
-        "--paths", default="submit,list,detail", help="comma-separated: trivial, submit, list, detail, array"
+        "--paths", default="submit,list,detail", help="comma-separated: bare, trivial, submit, list, detail, array"
     )
     parser.add_argument("--html", help="also write pyinstrument HTML reports to this folder")
     parser.add_argument(
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from .fixtures import finished_jobs_create
 
     settings.ALLOWED_HOSTS = ["*"]
+    settings.ROOT_URLCONF = "bench.urls"  # gpushare's, and the bare view the api benchmark measures against
     call_command("migrate", "--noinput", verbosity=0)
     with scopes_disabled():
         priority_classes_ensure()
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = client.get("/api/v1/jobs/?page_size=1").json()["results"][0]["id"]
     paths = {
         "submit": lambda: client.post("/api/v1/jobs/", body, content_type="application/json"),
+        "bare": lambda: client.get("/bench/bare/"),
         "trivial": lambda: client.get("/api/v1/"),
         "list": lambda: client.get("/api/v1/jobs/"),
         "detail": lambda: client.get(f"/api/v1/jobs/{job_id}/"),
@@ -123,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
         elapsed = time.perf_counter() - start
         print(f"\n=== {name}: {n} requests, {elapsed / n * 1000:.2f} ms each ===")
-        print(profiler.output_text(unicode=False, color=False, show_all=False, short_mode=True))
+        every_frame = bool(os.environ.get("PROFILE_ALL"))
+        print(profiler.output_text(unicode=False, color=False, show_all=every_frame, short_mode=not every_frame))
         if args.html:
             Path(args.html).mkdir(parents=True, exist_ok=True)
             (Path(args.html) / f"{name}.html").write_text(profiler.output_html())
