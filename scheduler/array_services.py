@@ -19,6 +19,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
+from gpushare.prepared import model_insert
 
 from .arrays import ArraySpec, range_parse
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
@@ -50,7 +51,7 @@ def job_array_submit(
     mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count)
     key, digest = idempotency
     with tenant_scope(tenant):
-        job_array = JobArray.objects.create(
+        job_array = JobArray(
             tenant=tenant,
             submitted_by=user if getattr(user, "pk", None) else None,
             name=spec.name,
@@ -72,6 +73,7 @@ def job_array_submit(
                 "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
             },
         )
+        model_insert(job_array)
     schedule_soon(submitted=True)
     return job_array
 

@@ -142,13 +142,19 @@ _ACTIVE_HOOKS = ServerStatement(
 
 
 @acts_for_tenant("tenant_id")
-def event_emit(*, tenant_id: int, type: str, data: dict, dedupe_key: str | None = None) -> WebhookEvent | None:
+def event_emit(
+    *, tenant_id: int, type: str, data: dict, dedupe_key: str | None = None, active_hooks=None
+) -> WebhookEvent | None:
     """Record ``type`` for the tenant's webhooks that subscribe to it, in the caller's transaction,
-    and send after commit. One indexed query when none does; ``dedupe_key``: at most once."""
+    and send after commit. One indexed query when none does, or none when the caller read the tenant's
+    ``active_hooks`` (``(id, patterns)`` pairs: webhooks.emit.active_hooks_sql) in its transaction;
+    ``dedupe_key``: at most once."""
     assert type in events.EVENT_TYPES, type
-    with connection.cursor() as cursor:  # written out: this runs inside every submit and state change
-        _ACTIVE_HOOKS.execute(cursor, [tenant_id])
-        hooks = [pk for pk, patterns in cursor.fetchall() if events.subscribed(json.loads(patterns), type)]
+    if active_hooks is None:
+        with connection.cursor() as cursor:  # written out: this runs inside every state change
+            _ACTIVE_HOOKS.execute(cursor, [tenant_id])
+            active_hooks = [(pk, json.loads(patterns)) for pk, patterns in cursor.fetchall()]
+    hooks = [pk for pk, patterns in active_hooks if events.subscribed(patterns, type)]
     if not hooks:
         return None
     try:

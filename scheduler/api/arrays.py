@@ -22,7 +22,7 @@ from gpushare.api import ERROR_RESPONSES, TenantScopedMixin
 
 from ..array_services import array_tasks_make, job_array_cancel
 from ..models import Job, JobArray, JobState
-from .serializers import JobArraySerializer
+from .serializers import JobArraySerializer, job_array_body
 
 
 def states_by_array(*, tenant, array_ids: list[int]) -> dict[int, dict[str, int]]:
@@ -49,7 +49,7 @@ def array_body(array: JobArray) -> dict:
         states = states_by_array(tenant=array.tenant_id, array_ids=[array.pk])
     else:  # just submitted (or read in the moment before the scheduler made its tasks): all queued
         states = {array.pk: {JobState.QUEUED: array.task_count}}
-    return JobArraySerializer(array, context={"states_by_array": states}).data
+    return job_array_body(array, states.get(array.pk, {}))
 
 
 def array_tasks_listable(*, tenant, array_id) -> None:

@@ -212,6 +212,23 @@ class JobArraySerializer(serializers.ModelSerializer):
     def get_tasks(self, array: JobArray) -> str:
         return f"/api/v1/jobs/?array={array.pk}"
 
+    def to_representation(self, instance: JobArray) -> dict:
+        return job_array_body(instance, self.context.get("states_by_array", {}).get(instance.pk, {}))
+
+
+def job_array_body(array: JobArray, states: dict[str, int]) -> dict:
+    """An array as the API shows it (the fields of :class:`JobArraySerializer`, which renders through this),
+    written out: a ModelSerializer builds its fields on every instance, ~0.4 ms an array submit."""
+    return {
+        "id": array.pk,
+        "name": array.name,
+        "indices": array.indices,
+        "task_count": array.task_count,
+        "submitted_at": _iso(array.submitted_at),
+        "states": states,
+        "tasks": f"/api/v1/jobs/?array={array.pk}",
+    }
+
 
 def _iso(value: datetime | None) -> str | None:
     """A datetime as DRF's DateTimeField renders it in the API's time zone, UTC (settings.TIME_ZONE; nothing

@@ -5,6 +5,7 @@ address actually connected to, redirects), events from the services, and sends f
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from datetime import date, timedelta
@@ -270,6 +271,36 @@ def test_job_events_follow_the_state_machine_and_roll_back_with_it(rules, tenant
         job_make(tenant)
         raise RuntimeError("rolled back")
     assert len(deliveries(tenant)) == 3
+
+
+@pytest.mark.django_db(transaction=True)  # it closes the connection
+def test_a_submit_reads_the_tenants_webhooks_in_its_insert_not_in_a_statement_of_its_own(
+    rules, tenant, other_tenant, allow_local
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    connection.close()  # a new connection prepares every statement again: their text shows in the capture
+
+    everything = hook(tenant, "http://127.0.0.1:9/all", patterns=["*"])
+    hook(tenant, "http://127.0.0.1:9/cancels", patterns=["job.cancelled"])  # not this event
+    off = hook(tenant, "http://127.0.0.1:9/off", patterns=["*"])
+    with scopes_disabled():
+        Webhook.objects.filter(pk=off.pk).update(active=False)
+    hook(other_tenant, "http://127.0.0.1:9/theirs", patterns=["*"])
+    member = member_add(tenant)  # before the capture: its own statements are not the submit's
+    with CaptureQueriesContext(connection) as queries:
+        job = job_make(tenant, user=member)
+    assert [(d.webhook_id, d.event.type, d.event.data["job"]) for d in deliveries(tenant)] == [
+        (everything.pk, "job.queued", job.pk)
+    ]
+    table = re.compile(rf"\b{Webhook._meta.db_table}\b")  # not webhooks_webhookevent
+    reads = [q["sql"] for q in queries.captured_queries if table.search(q["sql"])]
+    assert len(reads) == 1 and "INSERT INTO" in reads[0], reads  # only the insert's
+    # A tenant with no webhook: no event, no delivery, and still no statement of its own.
+    with CaptureQueriesContext(connection) as queries:
+        job_make(TenantFactory(slug="quiet"))
+    assert not [q for q in queries.captured_queries if "webhooks_webhookevent" in q["sql"]]
 
 
 @pytest.mark.django_db(transaction=True)
