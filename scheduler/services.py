@@ -20,6 +20,7 @@ from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
 from agents.agent.imageref import image_check
 from agents.models import Node
+from gpushare.after_response import after_response
 from gpushare.prepared import ServerStatement, model_columns, model_from_row
 from webhooks import emit as webhook_emit
 
@@ -159,11 +160,12 @@ def job_transition(job: Job, to_state: str, detail: str = "", *, save_fields: tu
 
 
 def schedule_soon(*, submitted: bool = False) -> None:
-    """Ask for a scheduling pass once the current transaction commits (coalesced with one already queued);
-    ``submitted``: only new jobs ask (``passes.pass_request``)."""
+    """Ask for a scheduling pass once the current transaction commits (coalesced with one already queued)
+    and, in a request, once its response is sent (``gpushare.after_response``: the client does not wait
+    for the trigger); ``submitted``: only new jobs ask (``passes.pass_request``)."""
     from .passes import pass_request
 
-    transaction.on_commit(lambda: pass_request(submitted=submitted))
+    transaction.on_commit(lambda: after_response(lambda: pass_request(submitted=submitted)))
 
 
 def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1) -> None:

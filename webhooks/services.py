@@ -24,6 +24,7 @@ from django_scopes import scopes_disabled
 
 from accounts.services import audit_record
 from accounts.tenancy import acts_for_tenant
+from gpushare.after_response import after_response
 from gpushare.prepared import ServerStatement
 
 from . import events, ssrf
@@ -130,10 +131,15 @@ def webhook_delete(*, webhook: Webhook, user) -> None:
 
 
 def _send_soon(delivery_ids: list[int]) -> None:
+    """Queue the sends (after commit: callers pass this to ``on_commit``) once the request's response is
+    out (``gpushare.after_response``); the due-deliveries beat sends any that a lost kick leaves."""
     from .tasks import delivery_send_task
 
-    for delivery_id in delivery_ids:
-        delivery_send_task.delay(delivery_id=delivery_id)
+    def kick() -> None:
+        for delivery_id in delivery_ids:
+            delivery_send_task.delay(delivery_id=delivery_id)
+
+    after_response(kick)
 
 
 _ACTIVE_HOOKS = ServerStatement(

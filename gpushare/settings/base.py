@@ -64,6 +64,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gpushare.after_response.AfterResponseMiddleware",  # kicks to workers wait for the response, not it for them
     "gpushare.observability.health.OpsEndpointsMiddleware",  # /healthz /readyz /metrics: before host checks
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "gpushare.observability.middleware.RequestContextMiddleware",
