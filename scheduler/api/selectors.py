@@ -125,7 +125,12 @@ def _iso_sql(column: str) -> str:
         || CASE WHEN date_trunc('second', {column}) = {column} THEN '' ELSE to_char({utc}, '.US') END || 'Z')"""
 
 
-QUEUE_POSITION_NULL = '"queue_position":null'
+_PAGE_COLUMNS = (
+    *("id", "array_id", "array_index", "name", "kind", "gpu_milli", "mode", "state", "pending_reason"),
+    *("estimated_start_at", "priority_id", "node_id", "isolation", "command", "image", "gpu_model"),
+    *("gpu_memory_mb", "max_runtime_s", "submitted_at", "started_at", "finished_at", "exit_code", "stop_reason"),
+    *("preemption_count", "cost", "gpu_ms", "sm_util_ms", "memory_peak_mb", "energy_mj"),
+)
 
 
 @functools.cache
@@ -133,8 +138,9 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
     """A page of a tenant's jobs written as JSON by PostgreSQL: each row's ``(id, submitted_at, state, body)``,
     ``body`` the text of the job's API object, key for key and figure for figure what
     :func:`scheduler.api.serializers.job_body` writes (``tests/api/test_job_page_json.py`` holds the two
-    equal), with ``"queue_position":null`` for the caller to fill in for queued jobs. A list page's jobs
-    are never decoded into Python values nor encoded again: that per-row work was most of a page's CPU.
+    equal), queued jobs' places included (:func:`_positions_sql`, as :func:`queue_positions_page`). A list
+    page's jobs are never decoded into Python values nor encoded again: that per-row work was most of a
+    page's CPU.
 
     ``after``: a keyset page after ``(%(at)s, %(job_id)s)``, older (``older``) or newer; else the newest.
     Newest first, ``size`` + 1 rows (to know whether there are more); newer pages come oldest first (the
@@ -151,9 +157,14 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
     whole = f"(j.gpu_milli / {MILLI_PER_GPU})"
     held = f"(j.gpu_ms * {MILLI_PER_GPU} / j.gpu_milli)"  # integer division, as job_body's //
     gpu_held = f"({held} * greatest(1, {whole}))::numeric"
+    # What the page shows, by column: never the environment (tenant secrets), read or not.
+    page_columns = ", ".join(f"j.{c}" for c in _PAGE_COLUMNS)
+    queued = (
+        f"SELECT j.id, j.submitted_at, r.rank FROM j JOIN {classes} r ON r.id = j.priority_id WHERE j.state = 'queued'"
+    )
     return ServerStatement(
         f"""WITH j AS MATERIALIZED (
-                SELECT j.* FROM {job} j WHERE j.tenant_id = %(tenant)s {keyset}
+                SELECT {page_columns} FROM {job} j WHERE j.tenant_id = %(tenant)s {keyset}
                 ORDER BY j.submitted_at {order}, j.id {order} LIMIT {int(size) + 1}
             ), held AS (  -- what each holds now, or held last (the set released last), in index order
                 SELECT a.job_id, array_agg(g.uuid ORDER BY g.index) AS uuids FROM (
@@ -164,11 +175,12 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
                 ) a JOIN {gpus} g ON g.id = a.gpu_id
                 WHERE CASE WHEN a.holding THEN a.released_at IS NULL ELSE a.released_at = a.last END
                 GROUP BY a.job_id
-            )
+            ), {_positions_sql(queued, "%(tail)s")}
             SELECT j.id, j.submitted_at, j.state, row_to_json(b)::text FROM j
               JOIN {classes} c ON c.id = j.priority_id
               LEFT JOIN {nodes} n ON n.id = j.node_id
               LEFT JOIN held h ON h.job_id = j.id
+              LEFT JOIN positions p ON p.id = j.id
               CROSS JOIN LATERAL (SELECT
                 j.id AS id,
                 (SELECT row_to_json(a) FROM (SELECT j.array_id AS id, j.array_index AS "index") a
@@ -177,7 +189,7 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
                 CASE WHEN j.gpu_milli %% {MILLI_PER_GPU} = 0 THEN to_json({whole})
                      ELSE to_json(j.gpu_milli::float8 / {MILLI_PER_GPU}) END AS gpus,
                 j.mode AS mode, j.state AS state, j.pending_reason AS pending_reason,
-                NULL::integer AS queue_position,
+                p.position AS queue_position,
                 {_iso_sql("j.estimated_start_at")} AS estimated_start,
                 c.name AS priority, n.name AS node,
                 coalesce(h.uuids, '{{}}') AS gpu_uuids,
@@ -202,25 +214,16 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
 
 def job_page_json(*, tenant, direction: str, key, size: int) -> list[dict]:
     """The rows of a page of ``tenant``'s jobs (:func:`job_page_statement`) as ``{"id", "submitted_at",
-    "state", "json"}``, the JSON (bytes) with each queued job's place filled in (one more query, only when
-    the page shows queued jobs). PostgreSQL only."""
-    values = {"tenant": tenant_id_of(tenant)}
+    "state", "json"}``, the JSON as bytes. PostgreSQL only."""
+    values = {"tenant": tenant_id_of(tenant), "tail": TAIL_COUNTED}
     if key is not None:
         values["at"], values["job_id"] = key
     with connection.cursor() as cursor:
         job_page_statement(after=key is not None, older=direction == "n", size=size).execute(cursor, values)
-        rows = [
-            {"id": pk, "submitted_at": at, "state": state, "json": body} for pk, at, state, body in cursor.fetchall()
+        return [
+            {"id": pk, "submitted_at": at, "state": state, "json": body.encode()}
+            for pk, at, state, body in cursor.fetchall()
         ]
-    queued = [row["id"] for row in rows[:size] if row["state"] == JobState.QUEUED]
-    positions = queue_positions_page(tenant=tenant, job_ids=queued) if queued else {}
-    for row in rows:
-        place = positions.get(row["id"])
-        body = row["json"]
-        if place is not None:  # the key's first occurrence is the key: a string's quotes are escaped
-            body = body.replace(QUEUE_POSITION_NULL, f'"queue_position":{place}', 1)
-        row["json"] = body.encode()
-    return rows
 
 
 def job_api_rows_complete(rows: list[dict], *, tenant) -> list[dict]:
@@ -291,31 +294,37 @@ def queue_positions_page(*, tenant, job_ids: list[int]) -> dict[int, int]:
         return dict(cursor.fetchall())
 
 
+def _positions_sql(page: str, tail: str) -> str:
+    """CTEs ending in ``positions (id, position)``: the queue places of the queued jobs that ``page`` (a
+    SELECT of ``id, submitted_at, rank``) lists, as :func:`queue_positions_page` describes them; ``tail``:
+    the SQL of ``TAIL_COUNTED``."""
+    queue = OpenJob._meta.db_table
+    first = "(s.first_at, s.first_id)"
+    return f"""page_queued AS ({page}), spans AS (
+            SELECT rank, (array_agg(submitted_at ORDER BY submitted_at, id))[1] AS first_at,
+                (array_agg(id ORDER BY submitted_at, id))[1] AS first_id,
+                (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
+                (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
+            FROM page_queued GROUP BY rank
+        ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
+            SELECT s.*, {_ahead_sql("s.rank", first, tail)} AS before FROM spans s
+        ), positions AS (
+            SELECT q.id, q.position FROM (
+                SELECT a.job_id AS id,
+                    s.before + row_number() OVER (PARTITION BY s.rank ORDER BY a.submitted_at, a.job_id) AS position
+                FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id = ANY({_of_rank("=", "s.rank")})
+                    AND (a.submitted_at, a.job_id) >= {first}
+                    AND (a.submitted_at, a.job_id) <= (s.last_at, s.last_id)
+            ) q JOIN page_queued p ON p.id = q.id
+        )"""
+
+
 @functools.cache
 def _positions_statement() -> ServerStatement:
-    job, classes, queue = Job._meta.db_table, PriorityClass._meta.db_table, OpenJob._meta.db_table
-    first = "(s.first_at, s.first_id)"
-    return ServerStatement(
-        f"""WITH page AS (
-                    SELECT j.id, j.submitted_at, c.rank FROM {job} j JOIN {classes} c ON c.id = j.priority_id
-                    WHERE j.tenant_id = %(tenant)s AND j.state = 'queued' AND j.id = ANY(%(ids)s)
-                ), spans AS (
-                    SELECT rank, (array_agg(submitted_at ORDER BY submitted_at, id))[1] AS first_at,
-                        (array_agg(id ORDER BY submitted_at, id))[1] AS first_id,
-                        (array_agg(submitted_at ORDER BY submitted_at DESC, id DESC))[1] AS last_at,
-                        (array_agg(id ORDER BY submitted_at DESC, id DESC))[1] AS last_id
-                    FROM page GROUP BY rank
-                ), ahead AS MATERIALIZED (  -- the counts once per rank, not once per job
-                    SELECT s.*, {_ahead_sql("s.rank", first, "%(tail)s")} AS before FROM spans s
-                )
-                SELECT q.id, q.position FROM (
-                    SELECT a.job_id AS id,
-                        s.before + row_number() OVER (PARTITION BY s.rank ORDER BY a.submitted_at, a.job_id) AS position
-                    FROM ahead s JOIN {queue} a ON a.state = 'queued' AND a.priority_id = ANY({_of_rank("=", "s.rank")})
-                        AND (a.submitted_at, a.job_id) >= {first}
-                        AND (a.submitted_at, a.job_id) <= (s.last_at, s.last_id)
-                ) q JOIN page p ON p.id = q.id"""
-    )
+    job, classes = Job._meta.db_table, PriorityClass._meta.db_table
+    page = f"""SELECT j.id, j.submitted_at, c.rank FROM {job} j JOIN {classes} c ON c.id = j.priority_id
+        WHERE j.tenant_id = %(tenant)s AND j.state = 'queued' AND j.id = ANY(%(ids)s)"""
+    return ServerStatement(f"WITH {_positions_sql(page, '%(tail)s')} SELECT id, position FROM positions")
 
 
 def queue_positions(*, tenant, job_ids: list[int]) -> dict[int, int]:

@@ -17,7 +17,7 @@ from decimal import Decimal
 import pytest
 from django_scopes import scope, scopes_disabled
 
-from scheduler.api.selectors import QUEUE_POSITION_NULL, job_api_rows, job_api_rows_complete, job_page_json
+from scheduler.api.selectors import job_api_rows, job_api_rows_complete, job_page_json
 from scheduler.api.serializers import energy_ten_thousandths, job_body, sm_util_tenths
 from scheduler.models import Allocation, Job, JobState
 from scheduler.selectors import jobs_for_tenant
@@ -25,6 +25,8 @@ from scheduler.selectors import jobs_for_tenant
 from .helpers import job_make, node_make
 
 pytestmark = pytest.mark.django_db
+
+QUEUE_POSITION_NULL = '"queue_position":null'  # what a job's JSON says when it is not queued
 
 AWKWARD = [
     "",
