@@ -243,7 +243,18 @@ class SlurmCluster:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """Stop slurmd and slurmctld (and munged, on ``stop_all``)."""
+        """Stop slurmd and slurmctld (and munged, on ``stop_all``), its jobs cancelled first: a job step's
+        ``slurmstepd`` outlives slurmd and would be left running on the machine."""
+        if any(proc.poll() is None for proc in self.procs if proc.args[0] == "slurmctld"):
+            self.cancel_all()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    if self.job_count() == 0:
+                        break
+                except SlurmError:
+                    break
+                time.sleep(0.2)
         keep = []
         for proc in self.procs:
             if proc.args[0] == "munged":
