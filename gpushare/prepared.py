@@ -203,12 +203,30 @@ def model_from_row(model, row):
     return model.from_db(connection.alias, attnames, values)
 
 
+def columns_sql(fields) -> str:
+    """The quoted column list of a raw insert of ``fields``."""
+    quote = connection.ops.quote_name
+    return ", ".join(quote(f.column) for f in fields)
+
+
+def insert_values(instance, fields) -> list:
+    """The values of a raw insert of ``instance``'s ``fields``, prepared by the fields as ``save()`` does
+    (``pre_save``: ``auto_now_add``)."""
+    return [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+
+
+def inserted(instance, pk) -> None:
+    """``instance`` as ``save()`` leaves a new row: its id, and no longer adding."""
+    instance.pk = pk
+    instance._state.adding, instance._state.db = False, connection.alias
+
+
 @functools.cache
 def _insert_statement(model) -> tuple[list, ServerStatement]:
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
     return fields, ServerStatement(
-        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns_sql(fields)}) "
         f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(model._meta.pk.column)}"
     )
 
@@ -222,9 +240,7 @@ def model_insert(instance):
         instance.save(force_insert=True)
         return instance
     fields, statement = _insert_statement(type(instance))
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
-        statement.execute(cursor, params)
-        instance.pk = cursor.fetchone()[0]
-    instance._state.adding, instance._state.db = False, connection.alias
+        statement.execute(cursor, insert_values(instance, fields))
+        inserted(instance, cursor.fetchone()[0])
     return instance

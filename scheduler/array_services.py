@@ -19,7 +19,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
-from gpushare.prepared import model_insert
+from gpushare.prepared import columns_sql, model_insert
 
 from .arrays import ArraySpec, range_parse
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
@@ -28,7 +28,6 @@ from .services import (
     EVENT_COLUMNS,
     JobError,
     JobSpec,
-    columns_sql,
     job_cancel,
     job_checked,
     job_row_fields,

@@ -21,7 +21,7 @@ from accounts.tenancy import acts_for_tenant, tenant_scope
 from agents.agent.imageref import image_check
 from agents.models import Node
 from gpushare.after_response import after_response
-from gpushare.prepared import ServerStatement, model_columns, model_from_row
+from gpushare.prepared import ServerStatement, columns_sql, insert_values, inserted, model_columns, model_from_row
 from webhooks import emit as webhook_emit
 
 from . import admission
@@ -236,12 +236,6 @@ def _job_insert_sql() -> tuple[list, str]:
     )
 
 
-def columns_sql(fields) -> str:
-    """The quoted column list of a raw insert of ``fields`` (job_row_fields)."""
-    quote = connection.ops.quote_name
-    return ", ".join(quote(f.column) for f in fields)
-
-
 def job_insert(job: Job) -> Job:
     """Write a new queued ``job`` and its "submitted" event; ``job`` gets its id and, on PostgreSQL, its
     queue position as the API shows it (``api_queue_position``: no query of its own for the answer) and
@@ -258,11 +252,10 @@ def job_insert(job: Job) -> Job:
         JobEvent.objects.create(tenant_id=job.tenant_id, job=job, to_state=JobState.QUEUED, detail="submitted")
         return job
     fields, statement = _job_insert_sql()
-    params = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
     with connection.cursor() as cursor:
-        statement.execute(cursor, [*params, JobState.QUEUED])
-        job.pk, job.api_queue_position, hooks = cursor.fetchone()
-    job._state.adding, job._state.db = False, connection.alias
+        statement.execute(cursor, [*insert_values(job, fields), JobState.QUEUED])
+        pk, job.api_queue_position, hooks = cursor.fetchone()
+    inserted(job, pk)
     job.active_hooks = webhook_emit.active_hooks_from(hooks)
     return job
 

@@ -71,14 +71,13 @@ def _queue_position_sql() -> str:
         END"""
 
 
-def _gpu_uuids_sql(job_id: str = f"{Job._meta.db_table}.id") -> str:
-    """SQL for the GPUs the job whose id is ``job_id`` (SQL) holds now, or held last (the set released
-    last), in index order."""
-    allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
+def _gpu_uuids_sql() -> str:
+    """SQL for the GPUs a job row holds now, or held last (the set released last), in index order."""
+    job, allocations, gpus = Job._meta.db_table, Allocation._meta.db_table, Gpu._meta.db_table
     return f"""ARRAY(SELECT g.uuid FROM {allocations} a JOIN {gpus} g ON g.id = a.gpu_id
-        WHERE a.job_id = {job_id} AND a.released_at IS NOT DISTINCT FROM (
+        WHERE a.job_id = {job}.id AND a.released_at IS NOT DISTINCT FROM (
             SELECT CASE WHEN bool_or(b.released_at IS NULL) THEN NULL ELSE max(b.released_at) END
-            FROM {allocations} b WHERE b.job_id = {job_id})
+            FROM {allocations} b WHERE b.job_id = {job}.id)
         ORDER BY g.index)"""
 
 
@@ -125,12 +124,8 @@ def _iso_sql(column: str) -> str:
         || CASE WHEN date_trunc('second', {column}) = {column} THEN '' ELSE to_char({utc}, '.US') END || 'Z')"""
 
 
-_PAGE_COLUMNS = (
-    *("id", "array_id", "array_index", "name", "kind", "gpu_milli", "mode", "state", "pending_reason"),
-    *("estimated_start_at", "priority_id", "node_id", "isolation", "command", "image", "gpu_model"),
-    *("gpu_memory_mb", "max_runtime_s", "submitted_at", "started_at", "finished_at", "exit_code", "stop_reason"),
-    *("preemption_count", "cost", "gpu_ms", "sm_util_ms", "memory_peak_mb", "energy_mj"),
-)
+# The job's own columns of what the API shows (JOB_API_COLUMNS), the class and node by their ids.
+_PAGE_COLUMNS = (*(c for c in JOB_API_COLUMNS if "__" not in c and c != "submitted_by_id"), "priority_id", "node_id")
 
 
 @functools.cache
@@ -214,15 +209,14 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
 
 def job_page_json(*, tenant, direction: str, key, size: int) -> list[dict]:
     """The rows of a page of ``tenant``'s jobs (:func:`job_page_statement`) as ``{"id", "submitted_at",
-    "state", "json"}``, the JSON as bytes. PostgreSQL only."""
+    "state", "json"}``, the JSON as text. PostgreSQL only."""
     values = {"tenant": tenant_id_of(tenant), "tail": TAIL_COUNTED}
     if key is not None:
         values["at"], values["job_id"] = key
     with connection.cursor() as cursor:
         job_page_statement(after=key is not None, older=direction == "n", size=size).execute(cursor, values)
         return [
-            {"id": pk, "submitted_at": at, "state": state, "json": body.encode()}
-            for pk, at, state, body in cursor.fetchall()
+            {"id": pk, "submitted_at": at, "state": state, "json": body} for pk, at, state, body in cursor.fetchall()
         ]
 
 

@@ -193,24 +193,16 @@ class JobArrayRefSerializer(serializers.Serializer):
 
 
 class JobArraySerializer(serializers.ModelSerializer):
-    """An array as the API shows it; ``states`` (task count per state) comes from ``states_by_array`` in the
-    context (one query for a whole page)."""
+    """An array as the API shows it (its shape, for the schema; :func:`job_array_body` writes it); ``states``
+    (task count per state) comes from ``states_by_array`` in the context (one query for a whole page)."""
 
-    states = serializers.SerializerMethodField()
-    tasks = serializers.SerializerMethodField()
+    states = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+    tasks = serializers.CharField(read_only=True)
 
     class Meta:
         model = JobArray
         fields = ["id", "name", "indices", "task_count", "submitted_at", "states", "tasks"]
         read_only_fields = fields
-
-    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
-    def get_states(self, array: JobArray) -> dict:
-        return self.context.get("states_by_array", {}).get(array.pk, {})
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_tasks(self, array: JobArray) -> str:
-        return f"/api/v1/jobs/?array={array.pk}"
 
     def to_representation(self, instance: JobArray) -> dict:
         return job_array_body(instance, self.context.get("states_by_array", {}).get(instance.pk, {}))

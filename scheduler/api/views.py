@@ -118,9 +118,9 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         return with_api_fields(jobs_for_tenant(tenant=self.tenant))
 
     def list(self, request, *args, **kwargs):
-        # Without filters (what pollers ask), on PostgreSQL: the page's JSON written by the database in one
-        # statement planned once per connection, and the queued jobs' places in a second, passed into the
-        # response as is (selectors.job_page_statement). Elsewhere, and with filters: the page as plain rows
+        # Without filters (what pollers ask), on PostgreSQL: the page's JSON, GPUs and queue places included,
+        # written by the database in one statement planned once per connection and passed into the response
+        # as is (selectors.job_page_statement). Elsewhere, and with filters: the page as plain rows
         # (no model instances) in one query, its GPUs in one more and, when it shows queued jobs, their
         # queue positions in a third; rendered straight into dicts.
         if request.query_params.keys().isdisjoint(JobFilter.base_filters):
@@ -128,7 +128,7 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             if connection.vendor == "postgresql":
                 rows = job_page_json(tenant=self.tenant, direction=direction, key=key, size=size)
                 page = self.paginator.paginate_rows(rows, request, direction, key, size)
-                return self.get_paginated_response(JsonText(b"[" + b",".join(row["json"] for row in page) + b"]"))
+                return self.get_paginated_response(JsonText(f"[{','.join(row['json'] for row in page)}]".encode()))
             values = {"tenant_id": self.tenant.pk}
             if key:
                 values["at"], values["job_id"] = key
