@@ -30,7 +30,9 @@ Redis does not answer, nothing is cached: every request reads the database.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -44,7 +46,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from gpushare.ratelimit import GCRA_FUNCTION
+from gpushare.ratelimit import GCRA_FUNCTION, script_run
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,18 @@ return answer
 )
 
 
+_versions_made = itertools.count()
+_process_nonce = [secrets.token_hex(8)]
+os.register_at_fork(after_in_child=lambda: _process_nonce.__setitem__(0, secrets.token_hex(8)))
+
+
+def _fresh_version() -> str:
+    """A version no token ever had: a random nonce of this process's (drawn again in every forked child) and
+    a counter. Built on every request, used only when the key is missing: ``secrets.token_hex`` is a
+    ``getrandom`` system call."""
+    return f"{_process_nonce[0]}-{next(_versions_made)}"
+
+
 @lru_cache(maxsize=1)
 def _check_script(client):
     return client.register_script(CHECK)
@@ -135,11 +149,11 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
         return NOTHING
     entry = _entries.get(digest)
     plans = rates(entry.principal) if rates is not None and entry is not None else []
-    args: list = [secrets.token_hex(8), KEY_TTL_S]
+    args: list = [_fresh_version(), KEY_TTL_S]
     for _, interval, burst in plans:
         args += [interval, burst]
     try:
-        answer = _check_script(client)(keys=[_key(digest), *(key for key, _, _ in plans)], args=args)
+        answer = script_run(client, _check_script(client), [_key(digest), *(key for key, _, _ in plans)], args)
     except redis.RedisError:
         log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
         return NOTHING

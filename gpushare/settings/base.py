@@ -164,6 +164,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "gpushare.api.Pagination",
+    # DRF's negotiation, its answers remembered per renderer classes, format and Accept header.
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "gpushare.negotiation.RememberingContentNegotiation",
     # DRF's JSON written by orjson (gpushare/renderers.py); the browsable API for people.
     "DEFAULT_RENDERER_CLASSES": [
         "gpushare.renderers.FastJSONRenderer",
@@ -281,6 +283,9 @@ GPUSHARE = {
     # gpushare.prepared.ServerStatement). Off behind a pooler that hands one client's statements to
     # several server sessions (PgBouncer in transaction mode): GPUSHARE_DB_SERVER_PREPARED=0.
     "DB_SERVER_PREPARED": env_bool("GPUSHARE_DB_SERVER_PREPARED", True),
+    # Job list pages each web process keeps while nothing on them changes (scheduler/api/page_selectors.py):
+    # at most this many bytes of them (least recently used out first); 0: none kept.
+    "LIST_CACHE_BYTES": int(os.environ.get("GPUSHARE_LIST_CACHE_MB", "32")) << 20,
     # Registries image jobs may pull from (comma-separated, e.g. "nvcr.io,ghcr.io"); empty: any.
     "ALLOWED_REGISTRIES": tuple(
         r.strip().lower() for r in os.environ.get("GPUSHARE_ALLOWED_REGISTRIES", "").split(",") if r.strip()

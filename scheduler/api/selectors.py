@@ -14,11 +14,11 @@ from django.db.models import CharField, F, IntegerField, Max, Min, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 
 from accounts.tenancy import tenant_id_of, tenant_scope
-from agents.models import Gpu, Node
+from agents.models import Gpu
 from gpushare.prepared import ServerStatement
 
 from ..counts import queued_in_sql
-from ..models import MILLI_PER_GPU, Allocation, Job, JobState, OpenJob, PriorityClass
+from ..models import Allocation, Job, JobState, OpenJob, PriorityClass
 from ..selectors import allocations_held_uuids
 
 MAX_METRIC_POINTS = 500
@@ -114,110 +114,6 @@ def job_api_rows(queryset: QuerySet[Job], *, computed: bool) -> QuerySet[dict]:
     if connection.vendor == "postgresql":
         extra["gpu_uuids"] = RawSQL(_gpu_uuids_sql(), [], output_field=ArrayField(CharField()))
     return queryset.values(*JOB_API_COLUMNS, **extra)
-
-
-def _iso_sql(column: str) -> str:
-    """SQL for a timestamp as the API writes one (``serializers._iso``): UTC, ISO 8601 with ``Z``, the
-    microseconds only when there are any (as Python's ``isoformat``)."""
-    utc = f"({column} AT TIME ZONE 'UTC')"
-    return f"""(to_char({utc}, 'YYYY-MM-DD"T"HH24:MI:SS')
-        || CASE WHEN date_trunc('second', {column}) = {column} THEN '' ELSE to_char({utc}, '.US') END || 'Z')"""
-
-
-# The job's own columns of what the API shows (JOB_API_COLUMNS), the class and node by their ids.
-_PAGE_COLUMNS = (*(c for c in JOB_API_COLUMNS if "__" not in c and c != "submitted_by_id"), "priority_id", "node_id")
-
-
-@functools.cache
-def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatement:
-    """A page of a tenant's jobs written as JSON by PostgreSQL: each row's ``(id, submitted_at, state, body)``,
-    ``body`` the text of the job's API object, key for key and figure for figure what
-    :func:`scheduler.api.serializers.job_body` writes (``tests/api/test_job_page_json.py`` holds the two
-    equal), queued jobs' places included (:func:`_positions_sql`, as :func:`queue_positions_page`). A list
-    page's jobs are never decoded into Python values nor encoded again: that per-row work was most of a
-    page's CPU.
-
-    ``after``: a keyset page after ``(%(at)s, %(job_id)s)``, older (``older``) or newer; else the newest.
-    Newest first, ``size`` + 1 rows (to know whether there are more); newer pages come oldest first (the
-    caller reverses them, as :meth:`KeysetPagination.paginate_rows`). The size is in the text, not a
-    parameter: with ``LIMIT $n`` PostgreSQL prices the generic plan as if it read the tenant's whole
-    history and plans the statement again at every call. The page's GPUs are read in one pass over its
-    allocations (a subquery per job cost twice as much)."""
-    job, classes, nodes = Job._meta.db_table, PriorityClass._meta.db_table, Node._meta.db_table
-    allocations, gpus = Allocation._meta.db_table, Gpu._meta.db_table
-    keyset = ""
-    if after:
-        keyset = f"AND (j.submitted_at, j.id) {'<' if older else '>'} (%(at)s, %(job_id)s)"
-    order = "DESC" if older or not after else "ASC"
-    whole = f"(j.gpu_milli / {MILLI_PER_GPU})"
-    held = f"(j.gpu_ms * {MILLI_PER_GPU} / j.gpu_milli)"  # integer division, as job_body's //
-    gpu_held = f"({held} * greatest(1, {whole}))::numeric"
-    # What the page shows, by column: never the environment (tenant secrets), read or not.
-    page_columns = ", ".join(f"j.{c}" for c in _PAGE_COLUMNS)
-    queued = (
-        f"SELECT j.id, j.submitted_at, r.rank FROM j JOIN {classes} r ON r.id = j.priority_id WHERE j.state = 'queued'"
-    )
-    return ServerStatement(
-        f"""WITH j AS MATERIALIZED (
-                SELECT {page_columns} FROM {job} j WHERE j.tenant_id = %(tenant)s {keyset}
-                ORDER BY j.submitted_at {order}, j.id {order} LIMIT {int(size) + 1}
-            ), held AS (  -- what each holds now, or held last (the set released last), in index order
-                SELECT a.job_id, array_agg(g.uuid ORDER BY g.index) AS uuids FROM (
-                    SELECT a.job_id, a.gpu_id, a.released_at,
-                        bool_or(a.released_at IS NULL) OVER (PARTITION BY a.job_id) AS holding,
-                        max(a.released_at) OVER (PARTITION BY a.job_id) AS last
-                    FROM {allocations} a WHERE a.job_id = ANY(ARRAY(SELECT id FROM j))
-                ) a JOIN {gpus} g ON g.id = a.gpu_id
-                WHERE CASE WHEN a.holding THEN a.released_at IS NULL ELSE a.released_at = a.last END
-                GROUP BY a.job_id
-            ), {_positions_sql(queued, "%(tail)s")}
-            SELECT j.id, j.submitted_at, j.state, row_to_json(b)::text FROM j
-              JOIN {classes} c ON c.id = j.priority_id
-              LEFT JOIN {nodes} n ON n.id = j.node_id
-              LEFT JOIN held h ON h.job_id = j.id
-              LEFT JOIN positions p ON p.id = j.id
-              CROSS JOIN LATERAL (SELECT
-                j.id AS id,
-                (SELECT row_to_json(a) FROM (SELECT j.array_id AS id, j.array_index AS "index") a
-                  WHERE j.array_id IS NOT NULL) AS "array",
-                j.name AS name, j.kind AS kind,
-                CASE WHEN j.gpu_milli %% {MILLI_PER_GPU} = 0 THEN to_json({whole})
-                     ELSE to_json(j.gpu_milli::float8 / {MILLI_PER_GPU}) END AS gpus,
-                j.mode AS mode, j.state AS state, j.pending_reason AS pending_reason,
-                p.position AS queue_position,
-                {_iso_sql("j.estimated_start_at")} AS estimated_start,
-                c.name AS priority, n.name AS node,
-                coalesce(h.uuids, '{{}}') AS gpu_uuids,
-                NULLIF(j.isolation, '') AS isolation,
-                j.command AS command, j.image AS image, j.gpu_model AS gpu_model,
-                j.gpu_memory_mb AS gpu_memory_mb, j.max_runtime_s AS max_runtime_seconds,
-                {_iso_sql("j.submitted_at")} AS submitted_at, {_iso_sql("j.started_at")} AS started_at,
-                {_iso_sql("j.finished_at")} AS finished_at,
-                j.exit_code AS exit_code, j.stop_reason AS stop_reason, j.preemption_count AS preemption_count,
-                j.cost::text AS cost,
-                (SELECT row_to_json(u) FROM (SELECT
-                    j.gpu_ms::float8 / 1000 AS gpu_seconds,
-                    CASE WHEN {held} > 0 THEN
-                      floor((2000 * j.sm_util_ms::numeric + {gpu_held}) / (2 * {gpu_held}))::float8 / 10
-                    END AS sm_util_avg,
-                    j.memory_peak_mb AS memory_peak_mb,
-                    floor((2 * j.energy_mj::numeric + 360) / 720)::float8 / 10000 AS energy_wh) u) AS usage
-              ) b
-            ORDER BY j.submitted_at {order}, j.id {order}"""
-    )
-
-
-def job_page_json(*, tenant, direction: str, key, size: int) -> list[dict]:
-    """The rows of a page of ``tenant``'s jobs (:func:`job_page_statement`) as ``{"id", "submitted_at",
-    "state", "json"}``, the JSON as text. PostgreSQL only."""
-    values = {"tenant": tenant_id_of(tenant), "tail": TAIL_COUNTED}
-    if key is not None:
-        values["at"], values["job_id"] = key
-    with connection.cursor() as cursor:
-        job_page_statement(after=key is not None, older=direction == "n", size=size).execute(cursor, values)
-        return [
-            {"id": pk, "submitted_at": at, "state": state, "json": body} for pk, at, state, body in cursor.fetchall()
-        ]
 
 
 def job_api_rows_complete(rows: list[dict], *, tenant) -> list[dict]:

@@ -234,7 +234,7 @@ def _iso(value: datetime | None) -> str | None:
 
 def sm_util_tenths(sm_util_ms: int, gpu_held_ms: int) -> int:
     """Mean SM utilisation in tenths of a percent, rounded half up on the exact ratio (integers only, so the
-    page PostgreSQL writes, ``selectors.job_page_statement``, reads the same figure)."""
+    page PostgreSQL writes, ``page_selectors.job_page_statement``, reads the same figure)."""
     return (2000 * sm_util_ms + gpu_held_ms) // (2 * gpu_held_ms)
 
 

@@ -33,13 +33,8 @@ from ..selectors import job_log_end, job_log_poll, jobs_for_tenant
 from .arrays import array_body, array_tasks_listable
 from .filters import JobFilter
 from .idempotency import MAX_KEY_LENGTH, job_submit_idempotent
-from .selectors import (
-    job_api_rows,
-    job_api_rows_complete,
-    job_metric_series,
-    job_page_json,
-    with_api_fields,
-)
+from .page_selectors import job_page_rows
+from .selectors import job_api_rows, job_api_rows_complete, job_metric_series, with_api_fields
 from .serializers import (
     JobArraySerializer,
     JobCreateSerializer,
@@ -120,13 +115,14 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def list(self, request, *args, **kwargs):
         # Without filters (what pollers ask), on PostgreSQL: the page's JSON, GPUs and queue places included,
         # written by the database in one statement planned once per connection and passed into the response
-        # as is (selectors.job_page_statement). Elsewhere, and with filters: the page as plain rows
+        # as is, or the same page this process kept while nothing on it changed (page_selectors). Elsewhere,
+        # and with filters: the page as plain rows
         # (no model instances) in one query, its GPUs in one more and, when it shows queued jobs, their
         # queue positions in a third; rendered straight into dicts.
         if request.query_params.keys().isdisjoint(JobFilter.base_filters):
             direction, key, size = self.paginator.window(request)
             if connection.vendor == "postgresql":
-                rows = job_page_json(tenant=self.tenant, direction=direction, key=key, size=size)
+                rows = job_page_rows(tenant=self.tenant, direction=direction, key=key, size=size)
                 page = self.paginator.paginate_rows(rows, request, direction, key, size)
                 return self.get_paginated_response(JsonText(f"[{','.join(row['json'] for row in page)}]".encode()))
             values = {"tenant_id": self.tenant.pk}

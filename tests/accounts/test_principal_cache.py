@@ -178,14 +178,83 @@ def test_a_warm_request_checks_the_token_and_both_rate_limits_in_one_redis_round
     client = client_with(issued.plaintext)
     warm(client)
     sent = []
-    real = redis.Redis.execute_command
+    real = redis.connection.AbstractConnection.send_command
     monkeypatch.setattr(
-        redis.Redis, "execute_command", lambda self, *args, **kw: sent.append(args[0]) or real(self, *args, **kw)
+        redis.connection.AbstractConnection,
+        "send_command",
+        lambda self, *args, **kw: sent.append(args[0]) or real(self, *args, **kw),
     )
     assert client.get("/api/v1/").status_code == 200
-    assert sent == ["EVALSHA"]
+    assert sent == ["EVALSHA"]  # every command any client sends goes through a connection's send_command
     keys = [f"throttle:token:token:{issued.token.prefix}", f"throttle:tenant:{issued.token.tenant_id}"]
     before = [principal_cache._redis().get(key) for key in keys]
     assert client.get("/api/v1/").status_code == 200
     after = [principal_cache._redis().get(key) for key in keys]
     assert all(a is not None and b is not None and int(a) > int(b) for a, b in zip(after, before, strict=True))
+
+
+def test_the_check_survives_a_flushed_script_and_a_dropped_connection(issued, settings):
+    """The check runs its script on a pooled connection directly (gpushare.ratelimit.script_run): a Redis
+    that forgot the script (restarted, SCRIPT FLUSH) gets it again, and a pooled connection the server
+    closed is replaced; the request is answered either way, still without reading the token's row."""
+    import redis
+
+    client = client_with(issued.plaintext)
+    warm(client)
+    server = principal_cache._redis()
+    server.script_flush()
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/").status_code == 200
+    assert auth_queries(queries.captured_queries) == []
+    idle = list(server.connection_pool._available_connections)
+    assert idle
+    ids = []
+    for conn in idle:
+        conn.send_command("CLIENT", "ID")
+        ids.append(conn.read_response())
+    killer = redis.Redis.from_url(settings.REDIS_URL)
+    for client_id in ids:  # the server drops every idle connection of the check's pool
+        assert killer.client_kill_filter(_id=client_id) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/").status_code == 200
+    assert auth_queries(queries.captured_queries) == []
+
+
+def test_a_version_made_in_a_forked_process_is_not_its_parents():
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first fresh version, written to the parent
+        os.write(write, principal_cache._fresh_version().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    theirs = os.read(read, 200).decode()
+    mine = principal_cache._fresh_version()
+    assert theirs.split("-")[0] != mine.split("-")[0]  # another nonce: counters restart, versions never repeat
+
+
+def test_a_connection_the_server_closed_after_checkout_is_replaced_once(settings, monkeypatch):
+    """gpushare.ratelimit.script_run: the pool checks a connection when it hands it out; one closed just
+    after (a Redis restart, a proxy's idle timeout) fails its command, which is sent again on a new one."""
+    import redis
+
+    from gpushare.ratelimit import script_run
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    script = client.register_script("return 7")
+    pool, real, killed = client.connection_pool, client.connection_pool.get_connection, []
+
+    def checkout(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        if not killed:
+            conn.send_command("CLIENT", "ID")
+            killed.append(conn.read_response())
+            assert redis.Redis.from_url(settings.REDIS_URL).client_kill_filter(_id=killed[0]) == 1
+        return conn
+
+    monkeypatch.setattr(pool, "get_connection", checkout)
+    assert script_run(client, script, [], []) == 7
+    assert killed
+    monkeypatch.setattr(pool, "get_connection", real)
+    assert script_run(client, script, [], []) == 7

@@ -261,7 +261,7 @@ def arguments(rules, tenant, other_tenant):
         "job_ids": [mine.pk, theirs.pk],
         "rows": [{"id": mine.pk, "state": "queued"}],  # a page's plain rows (scheduler.api.selectors.job_api_rows)
         "offset": 0,
-        "direction": "n",  # a keyset page (scheduler.api.selectors.job_page_json): newest first
+        "direction": "n",  # a keyset page (scheduler.api.page_selectors.job_page_json): newest first
         "key": None,
         "size": 10,
         "invoice_id": invoice.pk,
@@ -360,7 +360,9 @@ def test_every_selector_that_takes_a_tenant_reads_only_in_its_scope(arguments):
         "scheduler.selectors.jobs_for_tenant",
         "scheduler.api.selectors.queue_positions",
         "scheduler.api.selectors.queue_positions_page",
-        "scheduler.api.selectors.job_page_json",
+        "scheduler.api.page_selectors.job_page_json",
+        "scheduler.api.page_selectors.job_page_versions",
+        "scheduler.api.page_selectors.job_page_rows",
         "scheduler.api.selectors.gpu_uuids_of",
         "scheduler.api.selectors.job_api_rows_complete",
         "webhooks.selectors.webhooks_for_tenant",

@@ -1,4 +1,4 @@
-"""A list page written as JSON by PostgreSQL (scheduler.api.selectors.job_page_statement) is the document
+"""A list page written as JSON by PostgreSQL (scheduler.api.page_selectors.job_page_statement) is the document
 job_body writes, job for job, key for key and figure for figure, whatever the jobs hold.
 
 The reference is the path every other read takes (plain rows, job_api_rows_complete, job_body); the jobs
@@ -17,7 +17,8 @@ from decimal import Decimal
 import pytest
 from django_scopes import scope, scopes_disabled
 
-from scheduler.api.selectors import job_api_rows, job_api_rows_complete, job_page_json
+from scheduler.api.page_selectors import job_page_json
+from scheduler.api.selectors import job_api_rows, job_api_rows_complete
 from scheduler.api.serializers import energy_ten_thousandths, job_body, sm_util_tenths
 from scheduler.models import Allocation, Job, JobState
 from scheduler.selectors import jobs_for_tenant
@@ -168,13 +169,13 @@ def test_the_pretty_and_browsable_paths_write_the_same_jobs(awkward_jobs, tenant
 
 
 def test_the_sql_page_has_size_plus_one_rows_for_knowing_whether_there_are_more(awkward_jobs, tenant):
-    rows = job_page_json(tenant=tenant, direction="n", key=None, size=5)
+    rows = job_page_json(tenant=tenant, direction="n", key=None, size=5).rows
     assert len(rows) == 6
     assert [json.loads(row["json"])["id"] for row in rows] == [row["id"] for row in rows]
     key = (rows[4]["submitted_at"], rows[4]["id"])
-    older = job_page_json(tenant=tenant, direction="n", key=key, size=5)
+    older = job_page_json(tenant=tenant, direction="n", key=key, size=5).rows
     assert older[0]["id"] == rows[5]["id"]
-    newer = job_page_json(tenant=tenant, direction="p", key=(older[0]["submitted_at"], older[0]["id"]), size=5)
+    newer = job_page_json(tenant=tenant, direction="p", key=(older[0]["submitted_at"], older[0]["id"]), size=5).rows
     assert [row["id"] for row in newer[:5]] == [row["id"] for row in rows[:5]][::-1]  # oldest first
 
 
