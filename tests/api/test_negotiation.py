@@ -75,8 +75,6 @@ def test_the_roots_links_follow_the_host_and_scheme_of_each_request(tenant, api_
     assert client.get("/api/v1/", secure=True).json() == {
         key: url.replace("http:", "https:") for key, url in expected.items()
     }
-    assert client.get("/api/v1/.json").json() == {
-        key: url.rstrip("/") + ".json" for key, url in expected.items()
-    }
+    assert client.get("/api/v1/.json").json() == {key: url.rstrip("/") + ".json" for key, url in expected.items()}
     assert client.get("/api/v1/", HTTP_HOST="evil.example.com").status_code == 400  # never kept for it
     assert len(ApiRootView._links) == 4
