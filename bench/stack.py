@@ -409,7 +409,9 @@ class Stack:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute("VACUUM (ANALYZE) scheduler_job, scheduler_openjob, scheduler_jobevent")
+            cur.execute(
+                "VACUUM (ANALYZE) scheduler_job, scheduler_openjob, scheduler_jobevent, scheduler_openjobcountchange"
+            )
 
     def jobs_unfinished(self, ids: list[int] | None = None) -> int:
         from django_scopes import scopes_disabled

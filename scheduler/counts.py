@@ -26,8 +26,8 @@ COUNTS, CHANGES, CLASSES = (
 
 def counts_fold() -> int:
     """Add every change visible now to the folded counts and delete it, in one statement (changes that
-    commit meanwhile are left for the next fold); rows left at zero go. The changes folded, by (tenant,
-    class). Run by the scheduling pass, under its lock."""
+    commit meanwhile are left for the next fold); rows left at zero go. The number of changes folded. Run
+    by the scheduling pass, under its lock."""
     if connection.vendor != "postgresql":
         return 0
     with connection.cursor() as cursor:
@@ -35,15 +35,42 @@ def counts_fold() -> int:
             f"""WITH gone AS (DELETE FROM {CHANGES} RETURNING tenant_id, priority_id, open, queued),
                      net AS (SELECT tenant_id, priority_id, sum(open)::integer AS open,
                                     sum(queued)::integer AS queued
-                               FROM gone GROUP BY tenant_id, priority_id)
-                INSERT INTO {COUNTS} (tenant_id, priority_id, open, queued)
-                     SELECT tenant_id, priority_id, open, queued FROM net
-                ON CONFLICT (tenant_id, priority_id) DO UPDATE
-                    SET open = {COUNTS}.open + EXCLUDED.open, queued = {COUNTS}.queued + EXCLUDED.queued"""
+                               FROM gone GROUP BY tenant_id, priority_id),
+                     kept AS (INSERT INTO {COUNTS} (tenant_id, priority_id, open, queued)
+                                   SELECT tenant_id, priority_id, open, queued FROM net
+                              ON CONFLICT (tenant_id, priority_id) DO UPDATE
+                                  SET open = {COUNTS}.open + EXCLUDED.open,
+                                      queued = {COUNTS}.queued + EXCLUDED.queued)
+                SELECT count(*) FROM gone"""
         )
-        folded = cursor.rowcount
+        (folded,) = cursor.fetchone()
         cursor.execute(f"DELETE FROM {COUNTS} WHERE open = 0 AND queued = 0")
     return folded
+
+
+# The change table is a queue: every fold deletes what it read, and a count reads the table's whole
+# width (the changes of a class, of every tenant). Its dead rows are read by every count until a VACUUM
+# clears them; autovacuum looks at a table once a minute at best (never, where it is off), by which time
+# a stream of submits has left tens of thousands (a submit's PostgreSQL time doubled at ~60,000). So the
+# pass clears them itself once this many changes were folded since its last VACUUM of the table.
+CHANGES_VACUUM_AFTER = 500
+_folded_since_vacuum = [0]
+
+
+def changes_vacuum(folded: int) -> bool:
+    """Count ``folded`` changes (a pass's :func:`counts_fold`), and VACUUM the change table once
+    ``CHANGES_VACUUM_AFTER`` have been folded by this process since its last one (after the pass's
+    transaction: VACUUM runs outside one; a VACUUM of the table already running elsewhere is not waited
+    for). Whether it ran. A few ms for a table of a few hundred dead rows."""
+    _folded_since_vacuum[0] += folded
+    if _folded_since_vacuum[0] < CHANGES_VACUUM_AFTER or connection.vendor != "postgresql":
+        return False
+    if connection.in_atomic_block:
+        return False
+    _folded_since_vacuum[0] = 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM (SKIP_LOCKED) {CHANGES}")
+    return True
 
 
 def _kept(columns: str, where: str) -> str:

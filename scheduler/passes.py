@@ -31,6 +31,7 @@ from django.utils import timezone
 from django_scopes import scopes_disabled
 
 from agents.models import Gpu, Node
+from gpushare.ratelimit import script_run
 from webhooks import emit as webhook_emit
 
 from . import placement
@@ -85,25 +86,40 @@ def pace_ms(last_ms: int) -> int:
     return min(max(0, last_ms) * PACE_DUTY, PACE_MAX_MS)
 
 
+# A trigger's whole look at Redis, one round trip: set the queued flag unless set (1 if this trigger set
+# it), the pace's time left (ms; -2: none) and the no-progress hold's (read for a submit, else cleared).
+# KEYS: flag, pace, no-progress; ARGV: the flag's TTL (s), "1" for a submit.
+TRIGGER = """
+local queued = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1])
+local wait = redis.call('PTTL', KEYS[2])
+local held = -2
+if ARGV[2] == '1' then held = redis.call('PTTL', KEYS[3]) else redis.call('DEL', KEYS[3]) end
+return {queued and 1 or 0, wait, held}
+"""
+
+
+@lru_cache(maxsize=1)
+def _trigger_script(client):
+    return client.register_script(TRIGGER)
+
+
 def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait
     (and at least ``min_wait_ms``). ``submitted``: asked for by new jobs only (a submit): after a pass
     that changed nothing while jobs waited, they wait ``NO_PROGRESS_PACE_MS`` for the next, since new
     jobs rarely make a full cluster's queue move (Slurm's submits, likewise, look only at the top of its
-    queue); anything else asks as before and lets the next submits' passes start at once again."""
+    queue); anything else asks as before and lets the next submits' passes start at once again. One
+    script call (:data:`TRIGGER`) on a pooled connection: every submit makes one."""
     from .tasks import schedule_pass_task
 
     client = _redis()
     wait_ms = 0
     if client is not None:
         try:
-            with client.pipeline(transaction=False) as pipe:
-                pipe.set(PASS_FLAG_KEY, "1", nx=True, ex=PASS_FLAG_TTL_S).pttl(PASS_PACE_KEY)
-                if submitted:
-                    pipe.pttl(NO_PROGRESS_KEY)
-                else:
-                    pipe.delete(NO_PROGRESS_KEY)
-                queued, wait_ms, held_ms = pipe.execute()
+            keys = [PASS_FLAG_KEY, PASS_PACE_KEY, NO_PROGRESS_KEY]
+            queued, wait_ms, held_ms = script_run(
+                client, _trigger_script(client), keys, [PASS_FLAG_TTL_S, "1" if submitted else "0"]
+            )
             if not queued:
                 return
             if submitted:
@@ -307,6 +323,7 @@ class PassResult:
     pending: int = 0
     preempted: int = 0
     moved: int = 0  # slices moved to free GPUs for a waiting job (defragmentation)
+    folded: int = 0  # open/queued count changes folded (scheduler.counts)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (read, plan, write)
 
@@ -344,7 +361,7 @@ def schedule_pass(*, now=None) -> PassResult:
     from .array_services import arrays_waiting_make  # it writes rows with this module's helpers
 
     arrays_waiting_make()  # arrays submitted since the last pass: their tasks join the queue in this one
-    counts_fold()  # the open/queued counts' changes since the last pass (scheduler.counts)
+    folded = counts_fold()  # the open/queued counts' changes since the last pass (scheduler.counts)
     # Queued rows are locked for the pass (a concurrent cancel waits, then sees the outcome);
     # rows another transaction holds now are left for the next pass.
     queued = list(
@@ -360,7 +377,7 @@ def schedule_pass(*, now=None) -> PassResult:
     running = _running(classes, conf, now_ms)
     usage = _usage_update(running, {row[1] for row in queued}, conf, now_ms)
     if not queued:
-        return PassResult(seconds=time.perf_counter() - started)
+        return PassResult(folded=folded, seconds=time.perf_counter() - started)
     nodes, gpu_ids = _fleet()
     claims = claims_open(now)
     policy = placement.Policy(
@@ -401,6 +418,7 @@ def schedule_pass(*, now=None) -> PassResult:
         pending=len(decided.pending),
         preempted=preempted,
         moved=len(move.moves) if move else 0,
+        folded=folded,
         seconds=time.perf_counter() - started,
         timings=timings,
     )

@@ -116,6 +116,7 @@ def database_from_url(url: str) -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     elif "postgresql" in config["ENGINE"]:
+        config["ENGINE"] = "gpushare.db.postgresql"  # Django's, its health check without a round trip
         options = config.setdefault("OPTIONS", {})
         options.setdefault("connect_timeout", 5)  # an unreachable server fails fast
         # No JIT: the API's queries are short index scans whose estimates (subplans per row) can pass the

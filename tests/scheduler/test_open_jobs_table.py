@@ -212,3 +212,37 @@ def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenan
                 mine = {pk: place for pk, place in places.items() if pk in ids}
                 assert queue_positions_page(tenant=owner, job_ids=ids) == mine, step
                 assert queue_positions(tenant=owner, job_ids=ids) == mine, step
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pass_clears_the_change_tables_dead_rows_once_enough_were_folded(sched, tenant, monkeypatch):
+    """Every fold deletes the changes it read; their dead rows would be read by every count until a VACUUM.
+    The pass VACUUMs the table itself (scheduler.counts.changes_vacuum), after its transaction, once
+    CHANGES_VACUUM_AFTER changes were folded: the table's pages are then empty and given back."""
+    from scheduler import counts, passes
+    from scheduler.tasks import schedule_pass_task
+
+    monkeypatch.setattr(passes, "pass_request", lambda **kwargs: None)  # only the passes run here fold
+    def pages() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_relation_size(%s)", [OpenJobCountChange._meta.db_table])
+            return cursor.fetchone()[0]
+
+    monkeypatch.setattr(counts, "CHANGES_VACUUM_AFTER", 30)
+    monkeypatch.setattr(counts, "_folded_since_vacuum", [0])
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM {OpenJobCountChange._meta.db_table}")
+    for _ in range(20):  # a change each, folded by the pass: not enough yet
+        submit(tenant, gpus=0.125)
+    schedule_pass_task()
+    assert pages() > 0 and counts._folded_since_vacuum[0] == 20
+    for _ in range(20):
+        submit(tenant, gpus=0.125)
+    schedule_pass_task()  # 40 folded: the dead rows are cleared and the table's pages given back
+    assert pages() == 0 and counts._folded_since_vacuum[0] == 0
+    assert kept_counts() == true_counts()
+    with scopes_disabled():  # inside a transaction VACUUM cannot run: nothing is tried
+        from django.db import transaction
+
+        with transaction.atomic():
+            assert counts.changes_vacuum(10_000) is False
