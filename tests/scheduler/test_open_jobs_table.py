@@ -223,6 +223,7 @@ def test_the_pass_clears_the_change_tables_dead_rows_once_enough_were_folded(sch
     from scheduler.tasks import schedule_pass_task
 
     monkeypatch.setattr(passes, "pass_request", lambda **kwargs: None)  # only the passes run here fold
+
     def pages() -> int:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_relation_size(%s)", [OpenJobCountChange._meta.db_table])
