@@ -27,6 +27,8 @@ from functools import lru_cache
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import IntegerField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -333,6 +335,8 @@ class PassResult:
         return bool(self.placed or self.preempted or self.moved) or not self.pending
 
 
+_QUEUED_COUNT_SQL = f"SELECT count(*) FROM {Job._meta.db_table} WHERE state = %s"
+
 QUEUED_FIELDS = (
     "id",
     "tenant_id",
@@ -363,13 +367,18 @@ def schedule_pass(*, now=None) -> PassResult:
     arrays_waiting_make()  # arrays submitted since the last pass: their tasks join the queue in this one
     folded = counts_fold()  # the open/queued counts' changes since the last pass (scheduler.counts)
     # Queued rows are locked for the pass (a concurrent cancel waits, then sees the outcome);
-    # rows another transaction holds now are left for the next pass.
-    queued = list(
+    # rows another transaction holds now are left for the next pass. Every queued row is counted in the
+    # same statement (one snapshot): a count of its own, a statement later, also counted the jobs
+    # committed in between, and under a stream of submits asked for a retry after nearly every pass.
+    fetched = list(
         Job.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(state=JobState.QUEUED)
-        .values_list(*QUEUED_FIELDS)
+        .annotate(queued_all=RawSQL(_QUEUED_COUNT_SQL, [JobState.QUEUED], output_field=IntegerField()))
+        .values_list(*QUEUED_FIELDS, "queued_all")
     )
-    if Job.objects.filter(state=JobState.QUEUED).count() > len(queued):
+    queued = [row[:-1] for row in fetched]
+    queued_all = fetched[0][-1] if fetched else Job.objects.filter(state=JobState.QUEUED).count()
+    if queued_all > len(queued):
         # Some queued rows were held by another transaction (a cancel, a late report of an older
         # attempt): nothing else may ask for a pass once it commits, so ask for the next one now.
         transaction.on_commit(lambda: pass_request(min_wait_ms=LOCKED_ROWS_RETRY_MS))

@@ -66,3 +66,35 @@ def test_a_pass_that_saw_every_queued_row_asks_for_nothing(transactional_db, rul
     requested.clear()
     schedule_pass()
     assert requested == []
+
+
+def test_jobs_submitted_while_a_pass_reads_the_queue_are_not_taken_for_held_rows(transactional_db, rules, requested):
+    """Under a stream of submits, jobs commit while a pass runs. The queued rows the pass locked and every
+    queued row are counted in one snapshot: a job committed just after its read is the next pass's, not a
+    row some transaction holds (which asked for a retry after nearly every pass and cleared the pace
+    submits are held to)."""
+
+    node_add("n1", 1)
+    tenant = TenantFactory(slug="acme")
+    submit(tenant), submit(tenant)  # one fits, one waits for the GPU
+    requested.clear()
+    late: list[Job] = []
+
+    def submit_elsewhere() -> None:
+        try:
+            late.append(submit(tenant))
+        finally:
+            connection.close()
+
+    def after_statement(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "SKIP LOCKED" in sql and "estimated_start_at" in sql and not late:  # the queue was just read
+            other = threading.Thread(target=submit_elsewhere)  # another job commits now
+            other.start()
+            other.join(30)
+        return result
+
+    with connection.execute_wrapper(after_statement):
+        schedule_pass()
+    assert late and reload(late[0]).state == JobState.QUEUED
+    assert requested == [0]  # the late submit's own trigger; no retry for rows "held"
