@@ -136,12 +136,18 @@ def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
 
 
 def pass_started() -> None:
-    """Called as a pass starts: triggers from now on enqueue the next one, paced after this one."""
+    """Called as a pass starts: triggers from now on enqueue the next one, paced after this one. After a
+    pass that moved nothing, the hold on passes new jobs alone ask for starts again now: a submit that
+    arrives while this pass runs would otherwise read what is left of the last one's hold (its 250 ms
+    counted from when it finished) and queue a pass right behind this one; this pass's own end sets the
+    hold again, or clears it if the queue moved."""
     client = _redis()
     if client is not None:
         try:
             with client.pipeline(transaction=False) as pipe:
-                _, last_ms = pipe.delete(PASS_FLAG_KEY).get(PASS_LAST_MS_KEY).execute()
+                pipe.delete(PASS_FLAG_KEY).get(PASS_LAST_MS_KEY)
+                pipe.set(NO_PROGRESS_KEY, "1", px=NO_PROGRESS_PACE_MS, xx=True)
+                _, last_ms, _ = pipe.execute()
             if wait_ms := pace_ms(int(last_ms or 0)):
                 client.set(PASS_PACE_KEY, "1", px=wait_ms)
         except (redis.RedisError, ValueError):

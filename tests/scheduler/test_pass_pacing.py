@@ -100,3 +100,18 @@ def test_the_pace():
     assert passes.pace_ms(5) == 20  # an idle cluster's pass: nothing to notice
     assert passes.pace_ms(40) == 160  # a quarter of the worker's time at most
     assert passes.pace_ms(5_000) == passes.PACE_MAX_MS == 1000
+
+
+def test_a_submit_during_a_pass_after_one_that_moved_nothing_waits_the_whole_hold(enqueued):
+    """The hold counts from the start of the pass that runs now, not from the end of the last one: a stream
+    of submits into a full cluster gets a pass every NO_PROGRESS_PACE_MS or so, not one right behind each."""
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=False)
+    time.sleep(0.2)  # most of the hold is gone when the next pass starts...
+    passes.pass_started()
+    passes.pass_request(submitted=True)  # ...and a submit arrives while it runs
+    assert len(enqueued) == 1 and 0.2 < enqueued[0] <= passes.NO_PROGRESS_PACE_MS / 1000
+    passes.pass_finished(0.003, progressed=True)  # that pass moved the queue: submits ask at once again
+    passes.pass_started()
+    passes.pass_request(submitted=True)
+    assert enqueued[1] <= passes.pace_ms(3) / 1000
