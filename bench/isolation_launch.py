@@ -42,6 +42,9 @@ def run(ctx) -> tuple[list[Row], dict]:
         ctx.log(f"isolation: {n} idle launches, single-tenant agent")
         raw["single"] = _latency(stack, n, stamps / "single")
         if os.geteuid() == 0:
+            from .tools import apt_install
+
+            apt_install(("nftables",), binaries=("nft",))  # the multi-tenant agent's network policy
             work_root = Path(tempfile.mkdtemp(prefix="gpushare-bench-work-"))
             os.chmod(work_root, 0o711)
             stack.procs["agent"].stop()

@@ -188,6 +188,11 @@ class Stack:
         redis.Redis.from_url(self.config.redis_url).flushdb()
         django_setup(self.config, self.var_dir)
         from django.core.management import call_command
+        from django.db import connections
+
+        # The database was just dropped with every session on it, this process's own included (a second
+        # stack in the same run: the isolation benchmark's): connect again rather than use a dead session.
+        connections.close_all()
 
         call_command("migrate", "--noinput", verbosity=0)
         self.seed()
