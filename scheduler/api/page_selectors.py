@@ -201,7 +201,7 @@ def job_page_json(*, tenant, direction: str, key, size: int) -> JobPage:
     return JobPage(rows, bytes(found[0][4]) if found else None)
 
 
-def job_page_versions(*, tenant, direction: str, key, size: int) -> bytes | None:
+def job_page_versions(*, tenant, direction: str, key, size: int) -> bytes:
     """The digest of what the page of ``tenant``'s jobs is written from now (:func:`_versions_ctes`)."""
     with connection.cursor() as cursor:
         statement = job_page_versions_statement(after=key is not None, older=direction == "n", size=size)

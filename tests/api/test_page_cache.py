@@ -37,8 +37,10 @@ def empty_cache():
 
 @pytest.fixture
 def finished(rules, tenant, other_tenant):
-    """Six finished jobs of ``tenant`` on a node (two holding GPUs), one of ``other_tenant``'s between them."""
+    """Six finished jobs of ``tenant`` on a node (two holding GPUs), one of ``other_tenant``'s between them.
+    The node is cordoned: a pass that a submit asks for places nothing (the fixture writes the allocations)."""
     node = node_make("node-a", gpus=4)
+    Node.objects.filter(pk=node.pk).update(state=Node.State.CORDONED)
     gpus = list(node.gpus.order_by("index"))
     jobs = []
     for i in range(6):
