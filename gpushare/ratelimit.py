@@ -7,10 +7,12 @@ milliseconds to wait (refused, not counted).
 
 Two scripts use it: ``gpushare.throttling`` (one limit per round trip) and
 ``accounts.principal_cache`` (a token's version and every rate limit of the request together,
-one round trip for both). No Django here: plain strings.
+one round trip for both), run by :func:`script_run`. No Django here.
 """
 
 from __future__ import annotations
+
+from redis import exceptions as redis_errors
 
 GCRA_FUNCTION = """
 local function gcra(key, interval, burst, now)
@@ -43,8 +45,6 @@ def script_run(client, script, keys: list, args: list):
     ~25 us of CPU of an API request's ~65 us for its one Redis call). A pooled connection the server has
     closed meanwhile is replaced once; a script the server does not know (restarted, ``SCRIPT FLUSH``) is
     loaded and run again. Errors are redis-py's own."""
-    from redis.exceptions import ConnectionError, NoScriptError
-
     pool = client.connection_pool
     reconnected = loaded = False  # each at most once: a Redis restart does both
     while True:
@@ -52,12 +52,12 @@ def script_run(client, script, keys: list, args: list):
         try:
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
             return conn.read_response()
-        except NoScriptError:
+        except redis_errors.NoScriptError:
             if loaded:
                 raise
             loaded = True
             script.sha = client.script_load(script.script)
-        except ConnectionError:
+        except redis_errors.ConnectionError:
             conn.disconnect()
             if reconnected:
                 raise
