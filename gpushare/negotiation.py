@@ -9,15 +9,13 @@ refused (406, or 404 for an unknown format) is worked out again every time.
 
 from __future__ import annotations
 
-import threading
-
-from cachetools import LRUCache
 from rest_framework.negotiation import DefaultContentNegotiation
+
+from .caches import LockedLRU
 
 MAX_ANSWERS = 256
 
-_answers: LRUCache = LRUCache(maxsize=MAX_ANSWERS)
-_lock = threading.Lock()
+_answers = LockedLRU(MAX_ANSWERS)
 
 
 class RememberingContentNegotiation(DefaultContentNegotiation):
@@ -28,12 +26,10 @@ class RememberingContentNegotiation(DefaultContentNegotiation):
             format_suffix or (request.query_params.get(override) if override else None),
             request.META.get("HTTP_ACCEPT", "*/*"),
         )
-        with _lock:
-            answer = _answers.get(key)
+        answer = _answers.get(key)
         if answer is None:
             renderer, media_type = super().select_renderer(request, renderers, format_suffix)
             answer = (renderers.index(renderer), media_type)
-            with _lock:
-                _answers[key] = answer
+            _answers.put(key, answer)
         index, media_type = answer
         return renderers[index], media_type

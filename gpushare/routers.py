@@ -8,18 +8,16 @@ two links). The links depend only on the scheme, the host the request was made t
 
 from __future__ import annotations
 
-import threading
-
-from cachetools import LRUCache
 from rest_framework import routers
 from rest_framework.response import Response
+
+from .caches import LockedLRU
 
 MAX_HOSTS = 64
 
 
 class ApiRootView(routers.APIRootView):
-    _links: LRUCache = LRUCache(maxsize=MAX_HOSTS)
-    _lock = threading.Lock()
+    _links = LockedLRU(MAX_HOSTS)
 
     def get(self, request, *args, **kwargs):
         key = (
@@ -30,12 +28,10 @@ class ApiRootView(routers.APIRootView):
             args,
             tuple(sorted(kwargs.items())),
         )
-        with self._lock:
-            links = self._links.get(key)
+        links = self._links.get(key)
         if links is None:
             links = super().get(request, *args, **kwargs).data
-            with self._lock:
-                self._links[key] = links
+            self._links.put(key, links)
         return Response(dict(links))
 
 

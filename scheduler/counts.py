@@ -63,9 +63,8 @@ def changes_vacuum(folded: int) -> bool:
     transaction: VACUUM runs outside one; a VACUUM of the table already running elsewhere is not waited
     for). Whether it ran. A few ms for a table of a few hundred dead rows."""
     _folded_since_vacuum[0] += folded
-    if _folded_since_vacuum[0] < CHANGES_VACUUM_AFTER or connection.vendor != "postgresql":
-        return False
-    if connection.in_atomic_block:
+    due = _folded_since_vacuum[0] >= CHANGES_VACUUM_AFTER
+    if not due or connection.vendor != "postgresql" or connection.in_atomic_block:
         return False
     _folded_since_vacuum[0] = 0
     with connection.cursor() as cursor:

@@ -29,15 +29,14 @@ freshly written one after each.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import NamedTuple
 
-from cachetools import LRUCache
 from django.conf import settings
 from django.db import connection
 
 from accounts.tenancy import tenant_id_of
 from agents.models import Gpu, Node
+from gpushare.caches import LockedLRU
 from gpushare.prepared import ServerStatement
 
 from ..models import MILLI_PER_GPU, Allocation, Job, JobState, PriorityClass
@@ -219,28 +218,11 @@ def _size_of(kept: _Kept) -> int:
     return 200 + sum(len(row["json"]) + 150 for row in kept.rows or ())
 
 
-class PageCache:
+class PageCache(LockedLRU):
     """The pages this process keeps (thread-safe; least recently used out first past ``max_bytes``)."""
 
     def __init__(self, max_bytes: int):
-        self._pages: LRUCache = LRUCache(maxsize=max(1, max_bytes), getsizeof=_size_of)
-        self._lock = threading.Lock()
-
-    def get(self, key) -> _Kept | None:
-        with self._lock:
-            return self._pages.get(key)
-
-    def put(self, key, kept: _Kept) -> None:
-        with self._lock:
-            if _size_of(kept) <= self._pages.maxsize:
-                self._pages[key] = kept
-
-    def clear(self) -> None:
-        with self._lock:
-            self._pages.clear()
-
-    def __len__(self) -> int:
-        return len(self._pages)
+        super().__init__(max_bytes, getsizeof=_size_of)
 
 
 pages = PageCache(settings.GPUSHARE["LIST_CACHE_BYTES"])

@@ -116,9 +116,8 @@ class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         # Without filters (what pollers ask), on PostgreSQL: the page's JSON, GPUs and queue places included,
         # written by the database in one statement planned once per connection and passed into the response
         # as is, or the same page this process kept while nothing on it changed (page_selectors). Elsewhere,
-        # and with filters: the page as plain rows
-        # (no model instances) in one query, its GPUs in one more and, when it shows queued jobs, their
-        # queue positions in a third; rendered straight into dicts.
+        # and with filters: the page as plain rows (no model instances) in one query, its GPUs in one more
+        # and, when it shows queued jobs, their queue positions in a third; rendered straight into dicts.
         if request.query_params.keys().isdisjoint(JobFilter.base_filters):
             direction, key, size = self.paginator.window(request)
             if connection.vendor == "postgresql":
