@@ -366,8 +366,6 @@ def schedule_pass(*, now=None) -> PassResult:
     started = time.perf_counter()
     pass_lock_acquire()
     conf = settings_get()
-    now = now or timezone.now()
-    now_ms = _ms(now)
     from .array_services import arrays_waiting_make  # it writes rows with this module's helpers
 
     arrays_waiting_make()  # arrays submitted since the last pass: their tasks join the queue in this one
@@ -383,6 +381,10 @@ def schedule_pass(*, now=None) -> PassResult:
         .values_list(*QUEUED_FIELDS, "queued_all")
     )
     queued = [row[:-1] for row in fetched]
+    # The pass's clock is read after the queue: a job requeued (and its event written) while the pass
+    # was starting is seen by this read, and its placement must not be stamped before its requeue.
+    now = now or timezone.now()
+    now_ms = _ms(now)
     queued_all = fetched[0][-1] if fetched else Job.objects.filter(state=JobState.QUEUED).count()
     if queued_all > len(queued):
         # Some queued rows were held by another transaction (a cancel, a late report of an older

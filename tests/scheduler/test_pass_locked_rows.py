@@ -98,3 +98,35 @@ def test_jobs_submitted_while_a_pass_reads_the_queue_are_not_taken_for_held_rows
         schedule_pass()
     assert late and reload(late[0]).state == JobState.QUEUED
     assert requested == [0]  # the late submit's own trigger; no retry for rows "held"
+
+
+def test_a_job_committed_as_the_pass_starts_is_not_placed_before_it_was_queued(transactional_db, rules, requested):
+    """The pass's clock is read after its queue read: a job requeued (or submitted) while the pass was
+    starting is placed by it, and its timeline must not show the placement before the requeue (found as
+    a defragmentation timeline in CI with "placed on" ahead of "requeued to be placed again")."""
+    from scheduler.models import JobEvent
+
+    node_add("n1", 1)
+    tenant = TenantFactory(slug="acme")
+    late: list[Job] = []
+
+    def submit_elsewhere() -> None:
+        try:
+            late.append(submit(tenant))
+        finally:
+            connection.close()
+
+    def before_statement(execute, sql, params, many, context):
+        if "SKIP LOCKED" in sql and "estimated_start_at" in sql and not late:  # the queue is about to be read
+            other = threading.Thread(target=submit_elsewhere)  # a job commits now, its event stamped now
+            other.start()
+            other.join(30)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(before_statement):
+        schedule_pass()
+    assert late and reload(late[0]).state == JobState.SCHEDULED
+    with scopes_disabled():
+        timeline = list(JobEvent.objects.filter(job_id=late[0].pk).values_list("to_state", "at"))
+    assert [state for state, _ in timeline] == [JobState.QUEUED, JobState.SCHEDULED]
+    assert timeline[1][1] >= timeline[0][1]
