@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, models
 from django.db.backends.signals import connection_created
 from django.db.models import QuerySet
 from django_scopes import scope
@@ -209,10 +209,31 @@ def columns_sql(fields) -> str:
     return ", ".join(quote(f.column) for f in fields)
 
 
+# Field classes whose ``get_db_prep_save`` hands a value of these exact types (or None) to the driver
+# unchanged: such a value is used as it is. Everything else (a JSON or decimal column, a subclass with
+# conversions of its own, an int given to a text column) is prepared by its field. A job's submit wrote 36
+# columns through ``get_db_prep_save`` for ~0.2 ms of CPU, nearly all of it on values this rule passes.
+_AS_IS: dict[type, tuple[type, ...]] = {
+    models.CharField: (str,),
+    models.TextField: (str,),
+    models.IntegerField: (int,),
+    models.PositiveIntegerField: (int,),
+    models.BigIntegerField: (int,),
+    models.ForeignKey: (int,),
+}
+
+
 def insert_values(instance, fields) -> list:
     """The values of a raw insert of ``instance``'s ``fields``, prepared by the fields as ``save()`` does
-    (``pre_save``: ``auto_now_add``)."""
-    return [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    (``pre_save``: ``auto_now_add``); a value already in the driver's form is not prepared again."""
+    values = []
+    for field in fields:
+        value = field.pre_save(instance, True)
+        if value is None or type(value) in _AS_IS.get(type(field), ()):
+            values.append(value)
+        else:
+            values.append(field.get_db_prep_save(value, connection))
+    return values
 
 
 def inserted(instance, pk) -> None:

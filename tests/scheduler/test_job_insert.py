@@ -84,3 +84,33 @@ def test_the_position_it_answers_is_the_queues_once_committed(rules, tenant, oth
     assert [answered[pk][1] for pk in sorted(high_ones)] == list(range(1, len(high_ones) + 1))
     now = queue_positions_page(tenant=tenant.pk, job_ids=[late.pk])
     assert now == {late.pk: late.api_queue_position}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"env": {}, "command": [], "name": "", "image": ""},
+        {"gpu_memory_mb": None, "submitted_by": None},
+        # Values not in the driver's form already: each must still go through its field.
+        {"name": 12345, "gpu_milli": "250", "max_runtime_s": True, "cost": "1.50", "exit_code": -9},
+        {"command": "true", "env": None, "estimated_start_at": "2026-01-02T03:04:05Z"},
+    ],
+)
+def test_insert_values_are_what_the_fields_would_prepare(rules, tenant, changes):
+    """``insert_values`` passes a str or int (or None) as it is where the field would hand it over unchanged;
+    what reaches PostgreSQL must be byte for byte what ``get_db_prep_save`` makes of every value."""
+    from gpushare.prepared import insert_values
+    from scheduler.services import job_row_fields
+
+    user = member_add(tenant)
+    fields = job_row_fields()
+    with scopes_disabled():
+        job = new_job(tenant, user, **changes)
+        fast = insert_values(job, fields)
+        slow = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        for field, mine, theirs in zip(fields, fast, slow, strict=True):
+            if field.attname == "submitted_at":  # auto_now_add: set again by each pre_save
+                continue
+            assert cursor.mogrify("%s", [mine]) == cursor.mogrify("%s", [theirs]), field.attname
