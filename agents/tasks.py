@@ -101,8 +101,8 @@ def _job_started(node, body) -> None:
     scheduler_services.job_started(node=node, job_id=body["job_id"], attempt=body["attempt"], at_ms=body["at_ms"])
 
 
-def _job_exited(node, body) -> None:
-    if body["windows"]:  # the job's last usage window: stored (idempotently) before the job ends
+def _job_exited(node, body, *, windows_stored: bool = False) -> None:
+    if body["windows"] and not windows_stored:  # the job's last usage window: stored (idempotently) first
         billing_services.usage_windows_ingest(node=node, windows=body["windows"])
     scheduler_services.job_exited(
         node=node,
@@ -132,14 +132,26 @@ def job_exited_task(node, body, seqs) -> None:
 def job_events_task(node, body, seqs) -> None:
     """Consecutive starts and exits of one node, in its order, each in its own transaction (a retry of the
     batch after a lost deadlock acts again only on what was not stored: the handlers are idempotent).
-    A malformed event is refused alone and recorded; the batch is acknowledged as a whole once handled."""
+    A malformed event is refused alone and recorded; the batch is acknowledged as a whole once handled.
+
+    The exits' last usage windows are all stored first, as one ingest batch (one transaction and a fixed
+    number of statements, however many exits): each is still stored before its job ends. One ingest per
+    exit cost ~6 ms of the ~10 ms an exit took, and made the end of a wave of short jobs (an array's
+    tasks) wait ~0.4 s more for the pass that places the next wave."""
+    events = []
     for event in body["events"]:
         try:
-            task, fields = p.job_event_parse(event)
+            events.append(p.job_event_parse(event))
         except p.ProtocolError as exc:
             services.link_refusal_record(node=node, direction="report", task=p.R_JOB_EVENTS, reason=str(exc))
-            continue
-        JOB_EVENT_HANDLERS[task](node, fields)
+    windows = [w for task, fields in events if task == p.R_JOB_EXITED for w in fields["windows"]]
+    if windows:
+        billing_services.usage_windows_ingest(node=node, windows=windows)
+    for task, fields in events:
+        if task == p.R_JOB_EXITED:
+            _job_exited(node, fields, windows_stored=True)
+        else:
+            JOB_EVENT_HANDLERS[task](node, fields)
 
 
 @report_task(p.R_USAGE)

@@ -196,3 +196,58 @@ def test_the_agent_sends_consecutive_job_events_together_and_every_other_report_
     assert [len(b) for b in batches] == [3, 2, 1, EVENTS_PER_MESSAGE, 2]
     assert batches[0] == [p.R_JOB_STARTED, p.R_JOB_STARTED, p.R_JOB_EXITED]
     assert batches[1] == [R_USAGE, R_USAGE] and batches[2] == [p.R_HEARTBEAT]
+
+
+def test_the_exits_of_a_batch_store_their_windows_in_one_ingest_before_any_of_their_jobs_ends(
+    fleet, tenant, monkeypatch
+):
+    """An agent sends the exits of a wave of short jobs together: their last usage windows are stored as one
+    ingest batch, each while its job still runs, then each exit is acted on; the same batch sent again
+    (a retry, a re-send before the acknowledgement) stores and charges nothing more."""
+    from agents.tasks import billing_services, job_events_task
+    from billing.models import UsageWindow
+
+    node = fleet.node("rep-batch")
+    token = node_credential_issue(name=node.name)
+    start = timezone.now() - timedelta(minutes=5)
+    with scopes_disabled():
+        jobs = [fleet.job(tenant, node=node, at=start, gpu_indexes=[i]) for i in range(4)]
+    at = _ms(start) + 1_000
+    events = [
+        {
+            "task": "agents.job_exited",
+            "body": {
+                "job_id": job.pk,
+                "attempt": 1,
+                "at_ms": at + 60_000,
+                "exit_code": 0,
+                "reason": "",
+                "lost": False,
+                "windows": [window(job, 0, at, at + 60_000)],
+            },
+        }
+        for job in jobs
+    ]
+    ingests, running_then = [], []
+    real = billing_services.usage_windows_ingest
+
+    def ingest(*, node, windows):
+        ingests.append(sorted(w["job_id"] for w in windows))
+        with scopes_disabled():
+            running_then.append(Job.objects.filter(pk__in=[j.pk for j in jobs], state="running").count())
+        return real(node=node, windows=windows)
+
+    monkeypatch.setattr(billing_services, "usage_windows_ingest", ingest)
+    kwargs = report_kwargs(token=token, seqs=[1, 2, 3, 4], body={"events": events})
+    job_events_task.apply(kwargs=kwargs).get()
+    assert ingests == [sorted(j.pk for j in jobs)] and running_then == [4]
+    with scopes_disabled():
+        assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", "gpu_ms")) == {
+            ("succeeded", 60_000)
+        }
+    job_events_task.apply(kwargs=kwargs).get()  # the same batch again
+    with scopes_disabled():
+        assert UsageWindow.objects.filter(job__in=jobs).count() == 4
+        assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", "gpu_ms")) == {
+            ("succeeded", 60_000)
+        }
