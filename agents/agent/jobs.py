@@ -474,7 +474,8 @@ def launch(
         uid=run_as[0] if run_as else None,
         env_file=env_file,
     )
-    job.refresh_pids()
+    # A new session: the group is the child alone for now (the next tick's scan finds what it starts).
+    job.refresh_pids({proc.pid: [proc.pid]})
     return job
 
 
@@ -489,7 +490,18 @@ def process_groups() -> dict[int, list[int]]:
 
 
 def group_running(pgid: int) -> bool:
-    """Whether any non-zombie process is left in process group ``pgid``."""
+    """Whether any non-zombie process is left in process group ``pgid``.
+
+    A group with no process at all (how a job usually ends: its one process exited and reaped) is
+    answered by one ``killpg(pgid, 0)``; only a group with a process left (a zombie counts for the
+    kernel) is looked through for one that is not a zombie. Looking through every process on the
+    host for each ending job cost ~5 ms a job: a third of the agent's time in a wave of short jobs."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process in it this agent may not signal: it is there; is it more than a zombie?
     for proc in psutil.process_iter(["status"]):
         try:
             if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
