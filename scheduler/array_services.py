@@ -31,6 +31,8 @@ from .services import (
     job_cancel,
     job_checked,
     job_row_fields,
+    priority_hint_drop,
+    rules_unchanged_sql,
     schedule_soon,
 )
 
@@ -47,7 +49,7 @@ def job_array_submit(
     """Store the array, admitted as a whole (all its tasks are admitted, or none), as one record: like
     Slurm, the task rows are made later, off the request path (``array_tasks_make``: the next scheduling
     pass, which this asks for, or the first read or cancel that needs them)."""
-    mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count)
+    mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count, hinted=True)
     key, digest = idempotency
     with tenant_scope(tenant):
         job_array = JobArray(
@@ -72,7 +74,14 @@ def job_array_submit(
                 "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
             },
         )
-        model_insert(job_array)
+        if model_insert(job_array, condition=rules_unchanged_sql(), params=(priority.rules_key,) * 2) is None:
+            # The classes or settings changed since this process read the class (as job_submit): read it
+            # again, and admit the array again with it (its own locks: no wait for itself).
+            priority_hint_drop(kind=spec.kind, name=spec.priority)
+            _, priority = job_checked(tenant=tenant, spec=spec, count=array.count, hinted=True)
+            job_array.task_spec["priority_id"] = priority.pk
+            job_array.task_spec["max_runtime_s"] = spec.max_runtime_s or priority.default_max_runtime_s
+            model_insert(job_array)
     schedule_soon(submitted=True)
     return job_array
 

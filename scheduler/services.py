@@ -119,6 +119,11 @@ def rules_key_sql() -> str:
     )
 
 
+def rules_unchanged_sql() -> str:
+    """A condition on two parameters, both a class's ``rules_key`` (or both None: nothing to check)."""
+    return f"(%s::text IS NULL OR {rules_key_sql()} = %s::text)"
+
+
 @functools.cache
 def _priority_statement() -> ServerStatement:
     columns = ", ".join(f"c.{connection.ops.quote_name(name)}" for name in model_columns(PriorityClass))
@@ -162,6 +167,11 @@ _class_hints: dict[tuple[str, str, int], PriorityClass] = {}
 
 def _hint_key(kind: str, name: str) -> tuple[str, str, int]:
     return kind, name, settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"]
+
+
+def priority_hint_drop(*, kind: str, name: str = "") -> None:
+    """Forget the hint for this shape: a write found its ``rules_key`` out of date."""
+    _class_hints.pop(_hint_key(kind, name), None)
 
 
 def priority_hinted(*, kind: str, name: str = "") -> PriorityClass:
@@ -271,7 +281,7 @@ def _job_insert_sql() -> tuple[list, str]:
     # (``rules_key``; NULL: read in this transaction, nothing to check); no row back means they changed.
     return fields, ServerStatement(
         f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns_sql(fields)}) "
-        f"SELECT {', '.join(['%s'] * len(fields))} WHERE %s::text IS NULL OR {rules_key_sql()} = %s::text "
+        f"SELECT {', '.join(['%s'] * len(fields))} WHERE {rules_unchanged_sql()} "
         "RETURNING id, tenant_id, submitted_at, priority_id), "
         f"e AS (INSERT INTO {quote(JobEvent._meta.db_table)} ({EVENT_COLUMNS}) "
         "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id) "
@@ -334,7 +344,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
         if job_insert(job, rules_key=priority.rules_key) is None:
             # The classes or settings changed since this process read the job's class: read it again and
             # admit the job with it (the first admission's locks are this transaction's: no wait for itself).
-            _class_hints.pop(_hint_key(spec.kind, spec.priority), None)
+            priority_hint_drop(kind=spec.kind, name=spec.priority)
             _, priority = job_checked(tenant=tenant, spec=spec, hinted=True)
             job.priority = priority
             job.max_runtime_s = spec.max_runtime_s or priority.default_max_runtime_s

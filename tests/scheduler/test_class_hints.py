@@ -87,3 +87,33 @@ def test_admission_runs_again_with_the_class_that_is_true_now(rules, tenant):
     with pytest.raises(JobError) as refused:
         submit(tenant, priority="standard", max_runtime_s=3600)
     assert refused.value.code == "budget_exceeded"
+
+
+@pg_only
+def test_an_array_takes_the_hint_and_a_changed_class_reaches_its_tasks(rules, tenant):
+    from scheduler.array_services import array_tasks_make, job_array_submit
+    from scheduler.arrays import array_parse
+
+    def submit_array():
+        spec = JobSpec(kind="training", gpu_milli=1000, command=["true"], priority="standard")
+        with CaptureQueriesContext(connection) as queries:
+            array = job_array_submit(tenant=tenant, user=None, spec=spec, array=array_parse({"count": 2}))
+        name = services._priority_statement().name
+        return array, any(f"EXECUTE {name}" in q["sql"] for q in queries.captured_queries)
+
+    _, looked_up = submit_array()
+    assert looked_up
+    _, looked_up = submit_array()
+    assert not looked_up
+    with scopes_disabled():
+        standard = PriorityClass.objects.get(name="standard")
+    priority_class_update(actor=None, priority_class=standard, changes={"price_multiplier": Decimal("3.00")})
+    SchedulerSettings.objects.update_or_create(pk=1, defaults={"default_max_runtime_s": 4321})
+    array, looked_up = submit_array()
+    assert looked_up
+    with scopes_disabled():
+        array_tasks_make(array=array)
+        tasks = list(Job.objects.filter(array_id=array.pk).select_related("priority"))
+    assert len(tasks) == 2 and {(t.priority.price_multiplier, t.max_runtime_s) for t in tasks} == {
+        (Decimal("3.00"), 4321)
+    }
