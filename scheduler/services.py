@@ -236,9 +236,7 @@ def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: Prior
     )
 
 
-def job_checked(
-    *, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool = False
-) -> tuple[str, PriorityClass]:
+def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool = False) -> tuple[str, PriorityClass]:
     """The job's mode and priority class once the tenant may submit ``count`` such jobs (raises JobError).
     ``hinted``: the class may be this process's hint (``priority_hinted``), for a caller whose write
     checks its ``rules_key``."""

@@ -68,6 +68,34 @@ def test_a_pass_that_saw_every_queued_row_asks_for_nothing(transactional_db, rul
     assert requested == []
 
 
+def _submit_at_queue_read(tenant, late: list, *, before: bool):
+    """An execute wrapper: when the pass is about to read (``before``) or has just read its queue, a job of
+    ``tenant`` is submitted and committed on another connection (once; appended to ``late``)."""
+
+    def submit_elsewhere() -> None:
+        try:
+            late.append(submit(tenant))
+        finally:
+            connection.close()
+
+    def wrapper(execute, sql, params, many, context):
+        queue_read = "SKIP LOCKED" in sql and "estimated_start_at" in sql and not late
+        if queue_read and before:
+            _in_another_thread(submit_elsewhere)
+        result = execute(sql, params, many, context)
+        if queue_read and not before:
+            _in_another_thread(submit_elsewhere)
+        return result
+
+    return wrapper
+
+
+def _in_another_thread(target) -> None:
+    other = threading.Thread(target=target)
+    other.start()
+    other.join(30)
+
+
 def test_jobs_submitted_while_a_pass_reads_the_queue_are_not_taken_for_held_rows(transactional_db, rules, requested):
     """Under a stream of submits, jobs commit while a pass runs. The queued rows the pass locked and every
     queued row are counted in one snapshot: a job committed just after its read is the next pass's, not a
@@ -79,22 +107,7 @@ def test_jobs_submitted_while_a_pass_reads_the_queue_are_not_taken_for_held_rows
     submit(tenant), submit(tenant)  # one fits, one waits for the GPU
     requested.clear()
     late: list[Job] = []
-
-    def submit_elsewhere() -> None:
-        try:
-            late.append(submit(tenant))
-        finally:
-            connection.close()
-
-    def after_statement(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if "SKIP LOCKED" in sql and "estimated_start_at" in sql and not late:  # the queue was just read
-            other = threading.Thread(target=submit_elsewhere)  # another job commits now
-            other.start()
-            other.join(30)
-        return result
-
-    with connection.execute_wrapper(after_statement):
+    with connection.execute_wrapper(_submit_at_queue_read(tenant, late, before=False)):  # just after the read
         schedule_pass()
     assert late and reload(late[0]).state == JobState.QUEUED
     assert requested == [0]  # the late submit's own trigger; no retry for rows "held"
@@ -109,21 +122,7 @@ def test_a_job_committed_as_the_pass_starts_is_not_placed_before_it_was_queued(t
     node_add("n1", 1)
     tenant = TenantFactory(slug="acme")
     late: list[Job] = []
-
-    def submit_elsewhere() -> None:
-        try:
-            late.append(submit(tenant))
-        finally:
-            connection.close()
-
-    def before_statement(execute, sql, params, many, context):
-        if "SKIP LOCKED" in sql and "estimated_start_at" in sql and not late:  # the queue is about to be read
-            other = threading.Thread(target=submit_elsewhere)  # a job commits now, its event stamped now
-            other.start()
-            other.join(30)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(before_statement):
+    with connection.execute_wrapper(_submit_at_queue_read(tenant, late, before=True)):  # its event stamped now
         schedule_pass()
     assert late and reload(late[0]).state == JobState.SCHEDULED
     with scopes_disabled():
