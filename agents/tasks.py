@@ -101,9 +101,18 @@ def _job_started(node, body) -> None:
     scheduler_services.job_started(node=node, job_id=body["job_id"], attempt=body["attempt"], at_ms=body["at_ms"])
 
 
-def _job_exited(node, body, *, windows_stored: bool = False) -> None:
-    if body["windows"] and not windows_stored:  # the job's last usage window: stored (idempotently) first
-        billing_services.usage_windows_ingest(node=node, windows=body["windows"])
+def _windows_store(node, windows: list) -> None:
+    """Exits' last usage windows, stored (idempotently, one ingest) before their jobs end."""
+    if windows:
+        billing_services.usage_windows_ingest(node=node, windows=windows)
+
+
+def _job_exited(node, body) -> None:
+    _windows_store(node, body["windows"])
+    _job_ended(node, body)
+
+
+def _job_ended(node, body) -> None:
     scheduler_services.job_exited(
         node=node,
         job_id=body["job_id"],
@@ -115,7 +124,8 @@ def _job_exited(node, body, *, windows_stored: bool = False) -> None:
     )
 
 
-JOB_EVENT_HANDLERS = {p.R_JOB_STARTED: _job_started, p.R_JOB_EXITED: _job_exited}
+# A batch's exits have their windows stored together first (job_events_task): then each job ends.
+JOB_EVENT_HANDLERS = {p.R_JOB_STARTED: _job_started, p.R_JOB_EXITED: _job_ended}
 
 
 @report_task(p.R_JOB_STARTED)
@@ -144,14 +154,9 @@ def job_events_task(node, body, seqs) -> None:
             events.append(p.job_event_parse(event))
         except p.ProtocolError as exc:
             services.link_refusal_record(node=node, direction="report", task=p.R_JOB_EVENTS, reason=str(exc))
-    windows = [w for task, fields in events if task == p.R_JOB_EXITED for w in fields["windows"]]
-    if windows:
-        billing_services.usage_windows_ingest(node=node, windows=windows)
+    _windows_store(node, [w for task, fields in events if task == p.R_JOB_EXITED for w in fields["windows"]])
     for task, fields in events:
-        if task == p.R_JOB_EXITED:
-            _job_exited(node, fields, windows_stored=True)
-        else:
-            JOB_EVENT_HANDLERS[task](node, fields)
+        JOB_EVENT_HANDLERS[task](node, fields)
 
 
 @report_task(p.R_USAGE)

@@ -30,8 +30,8 @@ from .services import (
     JobSpec,
     job_cancel,
     job_checked,
+    job_checked_again,
     job_row_fields,
-    priority_hint_drop,
     rules_unchanged_sql,
     schedule_soon,
 )
@@ -71,16 +71,13 @@ def job_array_submit(
                 "gpu_model": spec.gpu_model,
                 "gpu_memory_mb": spec.gpu_memory_mb,
                 "priority_id": priority.pk,
-                "max_runtime_s": spec.max_runtime_s or priority.default_max_runtime_s,
+                "max_runtime_s": spec.runtime_with(priority),
             },
         )
         if model_insert(job_array, condition=rules_unchanged_sql(), params=(priority.rules_key,) * 2) is None:
-            # The classes or settings changed since this process read the class (as job_submit): read it
-            # again, and admit the array again with it (its own locks: no wait for itself).
-            priority_hint_drop(kind=spec.kind, name=spec.priority)
-            _, priority = job_checked(tenant=tenant, spec=spec, count=array.count, hinted=True)
-            job_array.task_spec["priority_id"] = priority.pk
-            job_array.task_spec["max_runtime_s"] = spec.max_runtime_s or priority.default_max_runtime_s
+            # The classes or settings changed since this process read the class (as job_submit).
+            priority = job_checked_again(tenant=tenant, spec=spec, count=array.count)
+            job_array.task_spec.update(priority_id=priority.pk, max_runtime_s=spec.runtime_with(priority))
             model_insert(job_array)
     schedule_soon(submitted=True)
     return job_array

@@ -104,6 +104,10 @@ class JobSpec:
     max_runtime_s: int | None = None
     endpoint_id: int | None = None  # a replica of this endpoint (its endpoint's money hold covers it)
 
+    def runtime_with(self, priority: PriorityClass) -> int:
+        """The job's max runtime: the one asked for, else the class's default (the settings' default)."""
+        return self.max_runtime_s or priority.default_max_runtime_s
+
 
 def rules_key_sql() -> str:
     """An expression that changes whenever a priority class or the scheduler settings change: every
@@ -169,11 +173,6 @@ def _hint_key(kind: str, name: str) -> tuple[str, str, int]:
     return kind, name, settings.GPUSHARE["DEFAULT_MAX_RUNTIME_S"]
 
 
-def priority_hint_drop(*, kind: str, name: str = "") -> None:
-    """Forget the hint for this shape: a write found its ``rules_key`` out of date."""
-    _class_hints.pop(_hint_key(kind, name), None)
-
-
 def priority_hinted(*, kind: str, name: str = "") -> PriorityClass:
     """:func:`priority_for`, from this process's hint when it has one (the instance is shared: read it,
     never change it). Only for a write that checks ``rules_key`` itself (``job_insert``)."""
@@ -227,7 +226,7 @@ def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: Prior
             kind=spec.kind,
             mode=mode,
             gpu_milli=spec.gpu_milli,
-            max_runtime_s=spec.max_runtime_s or priority.default_max_runtime_s,
+            max_runtime_s=spec.runtime_with(priority),
             price_multiplier=priority.price_multiplier,
             gpu_model=spec.gpu_model,
             count=count,
@@ -253,6 +252,13 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool =
     priority = lookup(kind=spec.kind, name=spec.priority)
     admission_check(tenant=tenant, spec=spec, mode=mode, priority=priority, count=count)
     return mode, priority
+
+
+def job_checked_again(*, tenant: Tenant, spec: JobSpec, count: int = 1) -> PriorityClass:
+    """The class read again and the job(s) admitted again with it, for a write that found the class's
+    ``rules_key`` out of date (the first admission's locks are this transaction's: no wait for itself)."""
+    _class_hints.pop(_hint_key(spec.kind, spec.priority), None)
+    return job_checked(tenant=tenant, spec=spec, count=count, hinted=True)[1]
 
 
 # The columns of a job's timeline event, as the raw inserts of a submit write them (job_insert, tasks).
@@ -336,16 +342,14 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             gpu_model=spec.gpu_model,
             gpu_memory_mb=spec.gpu_memory_mb,
             priority=priority,
-            max_runtime_s=spec.max_runtime_s or priority.default_max_runtime_s,
+            max_runtime_s=spec.runtime_with(priority),
             pending_reason="waiting for the next scheduling pass",
         )
         if job_insert(job, rules_key=priority.rules_key) is None:
             # The classes or settings changed since this process read the job's class: read it again and
             # admit the job with it (the first admission's locks are this transaction's: no wait for itself).
-            priority_hint_drop(kind=spec.kind, name=spec.priority)
-            _, priority = job_checked(tenant=tenant, spec=spec, hinted=True)
-            job.priority = priority
-            job.max_runtime_s = spec.max_runtime_s or priority.default_max_runtime_s
+            job.priority = priority = job_checked_again(tenant=tenant, spec=spec)
+            job.max_runtime_s = spec.runtime_with(priority)
             job_insert(job)
         webhook_emit.job_state_changed(
             job, from_state=None, detail="submitted", active_hooks=getattr(job, "active_hooks", None)
