@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django_scopes import scopes_disabled
 
@@ -187,7 +187,7 @@ def job_array_submit_idempotent(
     *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency_key: str
 ) -> ArraySubmitted:
     """``job_array_submit`` once per (tenant, Idempotency-Key), like single jobs (scheduler.api.idempotency)."""
-    from .api.idempotency import KEY_TTL, request_hash
+    from .api.idempotency import KEY_TTL, once_per_key, request_hash
 
     if not idempotency_key:
         return ArraySubmitted(job_array_submit(tenant=tenant, user=user, spec=spec, array=array), True)
@@ -209,20 +209,11 @@ def job_array_submit_idempotent(
             )
         return found
 
-    try:
-        with transaction.atomic():
-            if (found := existing()) is not None:
-                return ArraySubmitted(found, False)
-            created = job_array_submit(
-                tenant=tenant, user=user, spec=spec, array=array, idempotency=(idempotency_key, digest)
-            )
-            return ArraySubmitted(created, True)
-    except IntegrityError:
-        with transaction.atomic():
-            found = existing()
-        if found is None:
-            raise
-        return ArraySubmitted(found, False)
+    keyed = (idempotency_key, digest)
+    job_array, created = once_per_key(
+        lambda: job_array_submit(tenant=tenant, user=user, spec=spec, array=array, idempotency=keyed), existing
+    )
+    return ArraySubmitted(job_array, created)
 
 
 @acts_for_tenant("array")

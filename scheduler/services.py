@@ -326,8 +326,11 @@ def job_insert(job: Job, *, rules_key: str | None = None) -> Job | None:
 
 @admitted_again_once
 @transaction.atomic
-def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
+def job_submit(*, tenant: Tenant, user, spec: JobSpec, idempotency: tuple[str, str] = ("", "")) -> Job:
+    """Admit and write one queued job. ``idempotency``: (Idempotency-Key, request digest), written with the
+    row by its own insert (``scheduler.api.idempotency``: a key already used fails on its unique index)."""
     mode, priority = job_checked(tenant=tenant, spec=spec, hinted=True)
+    key, digest = idempotency
     with tenant_scope(tenant):
         job = Job(
             tenant=tenant,
@@ -344,6 +347,8 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec) -> Job:
             priority=priority,
             max_runtime_s=spec.runtime_with(priority),
             pending_reason="waiting for the next scheduling pass",
+            idempotency_key=key,
+            request_hash=digest,
         )
         if job_insert(job, rules_key=priority.rules_key) is None:
             # The classes or settings changed since this process read the job's class: read it again and

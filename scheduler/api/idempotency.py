@@ -1,10 +1,12 @@
 """Idempotent job submission: the ``Idempotency-Key`` header of ``POST jobs/``.
 
 The same key from the same tenant within ``KEY_TTL`` returns the job it first
-created; the same key with a different body is a conflict. Two requests racing
-with one key create one job: the loser's insert hits the unique constraint
-(tenant, idempotency_key), its transaction rolls back (its scheduling message
-with it) and it answers with the winner's job.
+created; the same key with a different body is a conflict. The key and digest are
+written by the job's own insert: a new key costs nothing more than a submit
+without one. A key in use fails that insert on the unique index (tenant,
+idempotency_key): the transaction rolls back (its scheduling message with it)
+and the request answers with the job the key names. Two requests racing with
+one key create one job the same way.
 
 A wrapper over ``scheduler.services.job_submit`` so the scheduler's own
 service stays free of HTTP concerns.
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -25,6 +29,8 @@ from accounts.tenancy import acts_for_tenant
 
 from .. import services
 from ..models import Job
+
+T = TypeVar("T")
 
 KEY_TTL = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
@@ -59,25 +65,39 @@ def _existing(*, tenant: Tenant, key: str, digest: str) -> Job | None:
     return job
 
 
+def once_per_key(submit: Callable[[], T], existing: Callable[[], T | None]) -> tuple[T, bool]:
+    """(record, created): ``submit()`` (one transaction) writes a new record with its key in its own insert,
+    so a new key, the usual case, costs what a submit without one does: no look first, no second write.
+
+    When that fails on the key's unique index (the key names a record already: a retry, or a race with
+    one), or is refused (a retry of a job that now counts against the limit it was admitted under), what
+    ``existing()`` answers in a transaction of its own decides: the record the key names (a different body
+    raises ``conflict`` there), or, the key having expired (``existing`` frees it and answers None), one
+    more submit. A refusal with no record behind the key stands.
+    """
+    try:
+        return submit(), True
+    except services.AdmitAgain:
+        raise  # not a refusal: the submit is admitted again, exactly (services.admitted_again_once)
+    except (IntegrityError, services.JobError) as exc:
+        with transaction.atomic():
+            found = existing()
+        if found is not None:
+            return found, False
+        if isinstance(exc, services.JobError):
+            raise
+    return submit(), True  # the key had expired and is freed now: a new record
+
+
 @services.admitted_again_once
 @acts_for_tenant
 def job_submit_idempotent(*, tenant: Tenant, user, spec: services.JobSpec, idempotency_key: str) -> Submitted:
-    """Submit ``spec`` once per (tenant, key); a replay returns the original job."""
+    """Submit ``spec`` once per (tenant, key); a replay returns the original job (``once_per_key``)."""
     if not idempotency_key:
         return Submitted(job=services.job_submit(tenant=tenant, user=user, spec=spec), created=True)
     digest = request_hash(spec)
-    try:
-        with transaction.atomic():
-            found = _existing(tenant=tenant, key=idempotency_key, digest=digest)
-            if found is not None:
-                return Submitted(job=found, created=False)
-            job = services.job_submit(tenant=tenant, user=user, spec=spec)
-            Job.objects.filter(pk=job.pk).update(idempotency_key=idempotency_key, request_hash=digest)
-            return Submitted(job=job, created=True)
-    except IntegrityError:
-        # Another request with this key committed first: answer with its job.
-        with transaction.atomic():
-            found = _existing(tenant=tenant, key=idempotency_key, digest=digest)
-        if found is None:
-            raise
-        return Submitted(job=found, created=False)
+    job, created = once_per_key(
+        lambda: services.job_submit(tenant=tenant, user=user, spec=spec, idempotency=(idempotency_key, digest)),
+        lambda: _existing(tenant=tenant, key=idempotency_key, digest=digest),
+    )
+    return Submitted(job=job, created=created)
