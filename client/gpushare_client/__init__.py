@@ -5,7 +5,7 @@
     job = client.submit(["python", "train.py"], gpus=1).job
     print(client.wait(job.id).state)
 
-It needs only requests, click and PyYAML: it never imports the platform's Django code.
+It needs only urllib3, click and PyYAML: it never imports the platform's Django code.
 """
 
 __version__ = "0.2.0"
