@@ -62,9 +62,14 @@ PASS_FLAG_TTL_S = 30  # if a queued pass is lost, beat's next pass covers it any
 PASS_PACE_KEY = "gpushare:scheduler:pass-pace"  # set while a pass runs: when the next may start
 # Set after a pass that changed nothing while jobs waited (no room for any of them): new jobs alone (submits)
 # then wait this long for the next pass; a change that may make room (a job ends, a node comes up, a cancel)
-# asks without waiting and clears it.
+# asks without waiting and clears it. Each pass in a row that changes nothing doubles the hold, up to
+# NO_PROGRESS_MAX_MS (NO_PROGRESS_HOLD_KEY: its length now): a sweep submitted into a full cluster gets a
+# pass or two a second that find no room, not four (each reads the whole queue).
 NO_PROGRESS_KEY = "gpushare:scheduler:no-progress"
+NO_PROGRESS_HOLD_KEY = "gpushare:scheduler:no-progress-hold"
 NO_PROGRESS_PACE_MS = 250
+NO_PROGRESS_MAX_MS = 1000
+NO_PROGRESS_HOLD_TTL_S = 60  # a streak this old is over: the next hold starts again at NO_PROGRESS_PACE_MS
 PASS_LAST_MS_KEY = "gpushare:scheduler:pass-last-ms"  # how long the last pass took
 PACE_DUTY = 4  # a pass may start this many times its duration after the previous one started
 PACE_MAX_MS = 1000
@@ -89,14 +94,24 @@ def pace_ms(last_ms: int) -> int:
 
 
 # A trigger's whole look at Redis, one round trip: set the queued flag unless set (1 if this trigger set
-# it), the pace's time left (ms; -2: none) and the no-progress hold's (read for a submit, else cleared).
-# KEYS: flag, pace, no-progress; ARGV: the flag's TTL (s), "1" for a submit.
+# it), the pace's time left (ms; -2: none) and the no-progress hold's (read for a submit, else cleared with
+# its streak). KEYS: flag, pace, no-progress, no-progress hold; ARGV: the flag's TTL (s), "1" for a submit.
 TRIGGER = """
 local queued = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1])
 local wait = redis.call('PTTL', KEYS[2])
 local held = -2
-if ARGV[2] == '1' then held = redis.call('PTTL', KEYS[3]) else redis.call('DEL', KEYS[3]) end
+if ARGV[2] == '1' then held = redis.call('PTTL', KEYS[3]) else redis.call('DEL', KEYS[3], KEYS[4]) end
 return {queued and 1 or 0, wait, held}
+"""
+
+# A pass that changed nothing: the hold twice the last one in this streak (the first: ARGV[1]), at most
+# ARGV[2] ms; KEYS: no-progress, no-progress hold; ARGV[3]: the streak's TTL (s). Answers the hold (ms).
+NO_PROGRESS_HOLD = """
+local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local hold = math.min(math.max(tonumber(ARGV[1]), last * 2), tonumber(ARGV[2]))
+redis.call('SET', KEYS[1], '1', 'PX', hold)
+redis.call('SET', KEYS[2], hold, 'EX', ARGV[3])
+return hold
 """
 
 
@@ -105,10 +120,16 @@ def _trigger_script(client):
     return client.register_script(TRIGGER)
 
 
+@lru_cache(maxsize=1)
+def _hold_script(client):
+    return client.register_script(NO_PROGRESS_HOLD)
+
+
 def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait
     (and at least ``min_wait_ms``). ``submitted``: asked for by new jobs only (a submit): after a pass
-    that changed nothing while jobs waited, they wait ``NO_PROGRESS_PACE_MS`` for the next, since new
+    that changed nothing while jobs waited, they wait the no-progress hold for the next (``NO_PROGRESS_PACE_MS``,
+    doubled by each such pass in a row up to ``NO_PROGRESS_MAX_MS``), since new
     jobs rarely make a full cluster's queue move (Slurm's submits, likewise, look only at the top of its
     queue); anything else asks as before and lets the next submits' passes start at once again. One
     script call (:data:`TRIGGER`) on a pooled connection: every submit makes one."""
@@ -118,7 +139,7 @@ def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     wait_ms = 0
     if client is not None:
         try:
-            keys = [PASS_FLAG_KEY, PASS_PACE_KEY, NO_PROGRESS_KEY]
+            keys = [PASS_FLAG_KEY, PASS_PACE_KEY, NO_PROGRESS_KEY, NO_PROGRESS_HOLD_KEY]
             queued, wait_ms, held_ms = script_run(
                 client, _trigger_script(client), keys, [PASS_FLAG_TTL_S, "1" if submitted else "0"]
             )
@@ -137,19 +158,21 @@ def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
 
 def pass_started() -> None:
     """Called as a pass starts: triggers from now on enqueue the next one, paced after this one. After a
-    pass that moved nothing, the hold on passes new jobs alone ask for starts again now: a submit that
-    arrives while this pass runs would otherwise read what is left of the last one's hold (its 250 ms
-    counted from when it finished) and queue a pass right behind this one; this pass's own end sets the
-    hold again, or clears it if the queue moved."""
+    pass that moved nothing, the hold on passes new jobs alone ask for starts again now (its length as the
+    streak has it): a submit that arrives while this pass runs would otherwise read what is left of the
+    last one's hold (counted from when it finished) and queue a pass right behind this one; this pass's own
+    end sets the hold again, longer, or clears it if the queue moved."""
     client = _redis()
     if client is not None:
         try:
             with client.pipeline(transaction=False) as pipe:
-                pipe.delete(PASS_FLAG_KEY).get(PASS_LAST_MS_KEY)
-                pipe.set(NO_PROGRESS_KEY, "1", px=NO_PROGRESS_PACE_MS, xx=True)
-                _, last_ms, _ = pipe.execute()
-            if wait_ms := pace_ms(int(last_ms or 0)):
-                client.set(PASS_PACE_KEY, "1", px=wait_ms)
+                pipe.delete(PASS_FLAG_KEY).get(PASS_LAST_MS_KEY).get(NO_PROGRESS_HOLD_KEY)
+                _, last_ms, hold_ms = pipe.execute()
+            with client.pipeline(transaction=False) as pipe:
+                if wait_ms := pace_ms(int(last_ms or 0)):
+                    pipe.set(PASS_PACE_KEY, "1", px=wait_ms)
+                pipe.set(NO_PROGRESS_KEY, "1", px=int(hold_ms or NO_PROGRESS_PACE_MS), xx=True)
+                pipe.execute()
         except (redis.RedisError, ValueError):
             log.warning("could not clear the scheduling pass flag", exc_info=True)
 
@@ -158,7 +181,8 @@ def pass_finished(seconds: float, *, progressed: bool = True) -> None:
     """Remember how long the pass took (the pace of the next ones); a trigger from now on waits until
     ``pace_ms`` of this pass has passed since it started (none at all after a pass of a few ms). A pass
     that did not ``progress`` (jobs waited and it placed, preempted and moved nothing) holds the passes
-    new jobs alone ask for (``pass_request(submitted=True)``) for ``NO_PROGRESS_PACE_MS``."""
+    new jobs alone ask for (``pass_request(submitted=True)``): ``NO_PROGRESS_PACE_MS``, twice the last
+    hold after such a pass in a row, at most ``NO_PROGRESS_MAX_MS`` (``NO_PROGRESS_HOLD``)."""
     client = _redis()
     if client is not None:
         ms = int(seconds * 1000)
@@ -171,9 +195,13 @@ def pass_finished(seconds: float, *, progressed: bool = True) -> None:
                 else:
                     pipe.delete(PASS_PACE_KEY)
                 if progressed:
-                    pipe.delete(NO_PROGRESS_KEY)
+                    pipe.delete(NO_PROGRESS_KEY, NO_PROGRESS_HOLD_KEY)
                 else:
-                    pipe.set(NO_PROGRESS_KEY, "1", px=NO_PROGRESS_PACE_MS)
+                    _hold_script(client)(
+                        keys=[NO_PROGRESS_KEY, NO_PROGRESS_HOLD_KEY],
+                        args=[NO_PROGRESS_PACE_MS, NO_PROGRESS_MAX_MS, NO_PROGRESS_HOLD_TTL_S],
+                        client=pipe,
+                    )
                 pipe.execute()
         except redis.RedisError:
             log.warning("could not record the scheduling pass duration", exc_info=True)

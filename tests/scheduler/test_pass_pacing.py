@@ -9,7 +9,13 @@ import pytest
 from scheduler import passes
 from scheduler.tasks import schedule_pass_task
 
-KEYS = (passes.PASS_FLAG_KEY, passes.PASS_PACE_KEY, passes.PASS_LAST_MS_KEY, passes.NO_PROGRESS_KEY)
+KEYS = (
+    passes.PASS_FLAG_KEY,
+    passes.PASS_PACE_KEY,
+    passes.PASS_LAST_MS_KEY,
+    passes.NO_PROGRESS_KEY,
+    passes.NO_PROGRESS_HOLD_KEY,
+)
 
 
 @pytest.fixture
@@ -115,3 +121,34 @@ def test_a_submit_during_a_pass_after_one_that_moved_nothing_waits_the_whole_hol
     passes.pass_started()
     passes.pass_request(submitted=True)
     assert enqueued[1] <= passes.pace_ms(3) / 1000
+
+
+def _futile_pass_then_a_submit(enqueued: list[float]) -> float:
+    """A pass that finds no room, past its own pace; then a submit: the countdown its pass gets (s)."""
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=False)
+    time.sleep(0.02)
+    passes.pass_request(submitted=True)
+    return enqueued[-1]
+
+
+def test_each_pass_in_a_row_that_finds_no_room_doubles_the_hold_up_to_a_second(enqueued):
+    """A sweep submitted into a full cluster: 250 ms, 500 ms, then 1 s between its futile passes (each
+    reads the whole queue), not four a second; room (a job ends) or a pass that moved starts again at 250."""
+    waits = [_futile_pass_then_a_submit(enqueued) for _ in range(4)]
+    assert len(enqueued) == 4
+    assert 0.2 < waits[0] <= 0.25 and 0.45 < waits[1] <= 0.5 and 0.95 < waits[2] <= 1.0 and 0.95 < waits[3] <= 1.0
+    passes.pass_started()  # the held pass starts: a submit during it waits the whole (long) hold, too
+    passes.pass_request(submitted=True)
+    assert 0.95 < enqueued[-1] <= 1.0
+    passes.pass_finished(0.003, progressed=False)
+    passes.pass_started()  # the held pass starts; a job ends while it runs: the next at the pace, no hold
+    passes.pass_request()
+    assert len(enqueued) == 6 and enqueued[-1] <= passes.pace_ms(3) / 1000
+    passes.pass_finished(0.003, progressed=False)  # the streak was over: this pass's hold is the first again
+    passes.pass_started()
+    passes.pass_request(submitted=True)
+    assert 0.2 < enqueued[-1] <= 0.25
+    passes.pass_finished(0.003, progressed=True)  # the queue moved: no hold, and the next streak starts anew
+    assert 0.2 < _futile_pass_then_a_submit(enqueued) <= 0.25
+    assert 0.45 < _futile_pass_then_a_submit(enqueued) <= 0.5
