@@ -202,3 +202,80 @@ def test_report_renders_stored_results(tmp_path):
     assert "### ingest (full run at 2026-11-29T17:00:00Z, 80 s, load average 6.5 before)" in text
     assert "| ingest | windows/s | 1,500 win/s | 9,000 win/s | COPY | 0.17x | x | NO | 3 |" in text
     assert "| agent kill -9 | PASS | lost_after_s=4.5 |" in text
+
+
+class _FakeSystem:
+    """A system for the side-by-side harness that records what it was asked, in order (shared ``log``)."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log, self.next_id = name, log, 0
+
+    def hold(self) -> None:
+        self.log.append((self.name, "hold"))
+
+    def submit_one(self, milli: int, session: dict, command: str = "true") -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def submit_array(self, n: int, milli: int) -> int:
+        self.log.append((self.name, f"array {n}"))
+        return 1
+
+    def discard(self, ids) -> None:
+        self.log.append((self.name, "discard"))
+
+
+def test_submit_rounds_alternate_which_system_goes_first_and_keep_every_figure(monkeypatch):
+    import bench.side_by_side as sbs
+
+    monkeypatch.setattr(sbs, "ARRAY_SETTLE_S", 0)
+    log: list = []
+    ours, theirs = _FakeSystem("gpushare", log), _FakeSystem("slurm-tuned", log)
+    figures = sbs.submit_rounds(ours, theirs, n=8, log=lambda _: None)
+    holds = [name for name, what in log if what == "hold"]
+    per_round = len(sbs.CLIENTS) * 2 + 2  # one-job submits per client count, then one array, for both
+    firsts = [holds[i * per_round] for i in range(sbs.SUBMIT_ROUNDS)]
+    assert firsts == ["slurm-tuned", "gpushare", "slurm-tuned"][: sbs.SUBMIT_ROUNDS]
+    for name in ("gpushare", "slurm-tuned"):
+        assert {k: len(v) for k, v in figures[name].items()} == {
+            "submit_1c_per_s": sbs.SUBMIT_ROUNDS,
+            "submit_4c_per_s": sbs.SUBMIT_ROUNDS,
+            "array_submit_s": sbs.SUBMIT_ROUNDS,
+        }
+    assert (("gpushare", "array 8") in log) and log.count(("gpushare", "discard")) == per_round // 2 * sbs.SUBMIT_ROUNDS
+
+
+def test_rows_pair_our_submit_figures_with_the_rounds_of_the_profile_they_ran_beside():
+    from bench.side_by_side import rounds_apply, rows_for
+
+    base = {"n": 1000, "latency_s": [0.1], "latency_p50_s": 0.1, "latency_p95_s": 0.1, "drain_per_s": 50.0}
+    base |= {"array_drain_s": 10.0, "array_submit_s": 0.009}
+    ours = {**base, "submit_1c_per_s": 150.0, "submit_4c_per_s": 300.0}
+    slurm = {
+        p: {**base, "submit_1c_per_s": 240.0, "submit_4c_per_s": 450.0, "drain_per_s": 20.0}
+        for p in ("defaults", "tuned")
+    }
+    ours_vs = {}
+    for profile, mine, theirs_1c in (
+        ("defaults", [260.0, 250.0, 270.0], [240.0, 245.0, 235.0]),
+        ("tuned", [200.0, 210.0, 190.0], [230.0, 235.0, 220.0]),
+    ):
+        rounds_apply(
+            slurm[profile],
+            {"submit_1c_per_s": theirs_1c, "submit_4c_per_s": [450.0] * 3, "array_submit_s": [0.006] * 3},
+        )
+        ours_vs[profile] = {**ours}
+        rounds_apply(
+            ours_vs[profile], {"submit_1c_per_s": mine, "submit_4c_per_s": [400.0] * 3, "array_submit_s": [0.005] * 3}
+        )
+    rows = {(r.metric, r.reference_name): r for r in rows_for(ours, slurm, ours_vs)}
+    one = rows[("submit, 1 client", "slurm defaults")]
+    assert (one.ours, one.reference, one.goal_met, one.runs) == (260.0, 240.0, True, 3)
+    tuned = rows[("submit, 1 client", "slurm tuned")]
+    assert (tuned.ours, tuned.reference, tuned.goal_met) == (200.0, 230.0, False)
+    assert ours_vs["tuned"]["submit_1c_per_s_alone"] == 150.0  # the one-system-at-a-time figure is kept
+    array = rows[("array of 1000 tasks (1/8 GPU each), submit", "slurm tuned")]
+    assert (array.ours, array.reference, array.goal_met, array.runs) == (0.005, 0.006, True, 3)
+    # Without rounds: the one-system-at-a-time figures.
+    plain = {(r.metric, r.reference_name): r for r in rows_for(ours, slurm)}
+    assert plain[("submit, 1 client", "slurm tuned")].ours == 150.0
