@@ -229,6 +229,8 @@ class Stack:
             "web",
             [
                 str(BIN / "gunicorn"),
+                "-c",
+                "python:gpushare.gunicorn_conf",  # as deployed (Dockerfile, docker-compose, Kubernetes)
                 "gpushare.wsgi",
                 "-b",
                 f"127.0.0.1:{self.port}",
