@@ -93,15 +93,22 @@ def pace_ms(last_ms: int) -> int:
     return min(max(0, last_ms) * PACE_DUTY, PACE_MAX_MS)
 
 
-# A trigger's whole look at Redis, one round trip: set the queued flag unless set (1 if this trigger set
-# it), the pace's time left (ms; -2: none) and the no-progress hold's (read for a submit, else cleared with
-# its streak). KEYS: flag, pace, no-progress, no-progress hold; ARGV: the flag's TTL (s), "1" for a submit.
+# A trigger's whole look at Redis, one round trip. When no pass is queued, it queues one (sets the flag)
+# and answers how long the pass must wait: the pace's time left, for a submit the no-progress hold's, at
+# least ARGV[3] ms; the flag holds when that pass may start (ms since the epoch, Redis's clock). When one is
+# queued already, it answers how long until that one may start. A trigger that is not a submit clears the
+# no-progress hold and its streak. KEYS: flag, pace, no-progress, no-progress hold; ARGV: the flag's TTL (s),
+# "1" for a submit, the least wait (ms). Answers {1 if this trigger queued the pass, its wait (ms), ms until
+# the queued pass may start}.
 TRIGGER = """
-local queued = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1])
-local wait = redis.call('PTTL', KEYS[2])
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
 local held = -2
 if ARGV[2] == '1' then held = redis.call('PTTL', KEYS[3]) else redis.call('DEL', KEYS[3], KEYS[4]) end
-return {queued and 1 or 0, wait, held}
+local wait = math.max(redis.call('PTTL', KEYS[2]), held, tonumber(ARGV[3]), 0)
+if redis.call('SET', KEYS[1], now + wait, 'NX', 'EX', ARGV[1]) then return {1, wait, wait} end
+local starts = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+return {0, 0, math.max(starts - now, 0)}
 """
 
 # A pass that changed nothing: the hold twice the last one in this streak (the first: ARGV[1]), at most
@@ -125,6 +132,15 @@ def _hold_script(client):
     return client.register_script(NO_PROGRESS_HOLD)
 
 
+# This process's knowledge that a queued pass will not start before this time (time.monotonic()): a submit
+# committed before then is read by that pass, and asks Redis nothing (``pass_request``). Learnt from the
+# trigger script's answer, less COVER_MARGIN_MS: a pass is started by its worker at the countdown's end by
+# that machine's clock (Celery's ETA), which may run ahead of this one's, and the answer took a round trip.
+_covered_until = 0.0
+COVER_MARGIN_MS = 100
+COVER_MIN_MS = 200  # a queued pass sooner than this covers nothing here (a quiet cluster's passes start at once)
+
+
 def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     """Enqueue a pass unless one is queued and not started yet; delayed while the pace says wait
     (and at least ``min_wait_ms``). ``submitted``: asked for by new jobs only (a submit): after a pass
@@ -132,25 +148,28 @@ def pass_request(*, min_wait_ms: int = 0, submitted: bool = False) -> None:
     doubled by each such pass in a row up to ``NO_PROGRESS_MAX_MS``), since new
     jobs rarely make a full cluster's queue move (Slurm's submits, likewise, look only at the top of its
     queue); anything else asks as before and lets the next submits' passes start at once again. One
-    script call (:data:`TRIGGER`) on a pooled connection: every submit makes one."""
+    script call (:data:`TRIGGER`) on a pooled connection, except for a submit while this process knows a
+    queued pass will start after it (``_covered_until``): that pass reads its job, and a burst of submits
+    into a held queue asks Redis about once a hold, not once a submit."""
     from .tasks import schedule_pass_task
 
+    global _covered_until
+    if submitted and time.monotonic() < _covered_until:
+        return
     client = _redis()
-    wait_ms = 0
+    wait_ms = min_wait_ms
     if client is not None:
         try:
             keys = [PASS_FLAG_KEY, PASS_PACE_KEY, NO_PROGRESS_KEY, NO_PROGRESS_HOLD_KEY]
-            queued, wait_ms, held_ms = script_run(
-                client, _trigger_script(client), keys, [PASS_FLAG_TTL_S, "1" if submitted else "0"]
-            )
+            args = [PASS_FLAG_TTL_S, "1" if submitted else "0", min_wait_ms]
+            queued, wait_ms, starts_in_ms = script_run(client, _trigger_script(client), keys, args)
+            if submitted and starts_in_ms >= COVER_MIN_MS:
+                _covered_until = time.monotonic() + (starts_in_ms - COVER_MARGIN_MS) / 1000
             if not queued:
                 return
-            if submitted:
-                wait_ms = max(wait_ms, held_ms)
         except redis.RedisError:  # Redis down: enqueue anyway, the broker will say more
             log.warning("could not coalesce the scheduling pass trigger", exc_info=True)
-    wait_ms = max(wait_ms, min_wait_ms)
-    if wait_ms > 0:  # pttl: -2 without the key
+    if wait_ms > 0:
         schedule_pass_task.apply_async(countdown=wait_ms / 1000)
     else:
         schedule_pass_task.delay()

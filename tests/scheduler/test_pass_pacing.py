@@ -24,6 +24,10 @@ def enqueued(monkeypatch):
     client = passes._redis()
     client.delete(*KEYS)
     sent: list[float] = []
+    # These tests start passes themselves, sooner than the countdowns they were queued with: no process may
+    # rely on a queued pass's start here (test_a_submit_covered_by_a_queued_pass_asks_nothing does).
+    monkeypatch.setattr(passes, "_covered_until", 0.0)
+    monkeypatch.setattr(passes, "COVER_MIN_MS", 10**9)
     monkeypatch.setattr(schedule_pass_task, "delay", lambda: sent.append(0))
     monkeypatch.setattr(schedule_pass_task, "apply_async", lambda countdown: sent.append(countdown))
     yield sent
@@ -152,3 +156,39 @@ def test_each_pass_in_a_row_that_finds_no_room_doubles_the_hold_up_to_a_second(e
     passes.pass_finished(0.003, progressed=True)  # the queue moved: no hold, and the next streak starts anew
     assert 0.2 < _futile_pass_then_a_submit(enqueued) <= 0.25
     assert 0.45 < _futile_pass_then_a_submit(enqueued) <= 0.5
+
+
+def test_a_submit_covered_by_a_queued_pass_asks_nothing(enqueued, monkeypatch):
+    """A burst of submits into a held queue: the first submit's trigger learns that the queued pass starts
+    in ~250 ms; this process's next submits until shortly before then ask Redis nothing (that pass reads
+    their jobs). Not a submit (a job's end) always asks. Another process learns the same from the flag."""
+    monkeypatch.setattr(passes, "COVER_MIN_MS", 100)  # some slack for a slow machine between the steps
+    calls: list[list] = []
+    real = passes.script_run
+    monkeypatch.setattr(passes, "script_run", lambda *a: calls.append(a[3]) or real(*a))
+    passes.pass_started()
+    passes.pass_finished(0.003, progressed=False)  # no room: submits' passes are held 250 ms
+    time.sleep(0.02)
+    passes.pass_request(submitted=True)
+    assert len(enqueued) == 1 and 0.2 < enqueued[0] <= 0.25 and len(calls) == 1
+    margin_s = passes.COVER_MARGIN_MS / 1000
+    assert passes._covered_until - time.monotonic() <= enqueued[0] - margin_s  # ends before that pass may start
+    for _ in range(5):
+        passes.pass_request(submitted=True)
+    assert len(calls) == 1 and len(enqueued) == 1
+    passes.pass_request()  # a job ended: asks (clears the hold), folded into the queued pass
+    assert len(calls) == 2 and len(enqueued) == 1
+    monkeypatch.setattr(passes, "_covered_until", 0.0)  # another process, which knows nothing yet
+    passes.pass_request(submitted=True)
+    assert len(calls) == 3 and len(enqueued) == 1  # folded, and covered from now on by the flag's start time
+    assert 0 < passes._covered_until - time.monotonic() <= enqueued[0] - margin_s
+    time.sleep(passes._covered_until - time.monotonic() + 0.01)  # covered no longer: asks again
+    passes.pass_request(submitted=True)
+    assert len(calls) == 4
+
+
+def test_a_pass_queued_to_start_at_once_covers_nothing(enqueued, monkeypatch):
+    monkeypatch.setattr(passes, "COVER_MIN_MS", 200)
+    passes.pass_request(submitted=True)  # a quiet cluster: queued now, no countdown
+    passes.pass_request(submitted=True)
+    assert enqueued == [0] and passes._covered_until == 0.0
