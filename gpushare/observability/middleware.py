@@ -6,7 +6,9 @@ one; it is sent back in ``X-Request-ID``. Logs written while the request runs
 carry it, with the tenant (bound when a token authenticates) and the job
 (when the URL names one). The closing line, ``gpushare.request`` at INFO,
 has the method, path, status, duration and user: it replaces gunicorn's
-access log, which knows none of these.
+access log, which knows none of these. The duration is also sent back, as
+``Server-Timing: app;dur=<ms>`` (browsers' developer tools show it; a client
+that sees a slow call can tell the server's part from the network's).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class RequestContextMiddleware:
         started = time.perf_counter()
         with log_context_scope(request_id=request_id):
             response = self.get_response(request)
+            elapsed_ms = (time.perf_counter() - started) * 1000
             response["X-Request-ID"] = request_id
+            response["Server-Timing"] = f"app;dur={elapsed_ms:.1f}"
             portal = getattr(request, "portal", None)
             tenant = getattr(getattr(portal, "tenant", None), "slug", None)
             if tenant and "tenant" not in log_context():
@@ -45,7 +49,7 @@ class RequestContextMiddleware:
                 request.method,
                 request.path,
                 response.status_code,
-                (time.perf_counter() - started) * 1000,
+                elapsed_ms,
                 extra={"status": response.status_code, "user": getattr(user, "pk", None)},
             )
         return response

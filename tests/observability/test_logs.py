@@ -55,6 +55,11 @@ def test_a_request_logs_one_json_line_with_its_id_tenant_and_job(json_lines):
         "status": 404,
     }
     assert "time" in line
+    # The server's own time is sent back too, the figure the line logs (in whole ms there).
+    timing = response["Server-Timing"]
+    assert timing.startswith("app;dur=")
+    logged_ms = int(line["message"].rsplit(" ", 1)[1].removesuffix("ms"))
+    assert abs(float(timing.removeprefix("app;dur=")) - logged_ms) <= 0.5
 
 
 @pytest.mark.django_db
