@@ -6,6 +6,16 @@ decodes a popped message inside its event loop, and a message that is not JSON
 the worker exits, so one junk push would stop every platform worker. Here such
 a message is logged and dropped instead (it was popped; nothing else is lost).
 
+It also survives the broker going away while messages are unacknowledged.
+Celery then closes its connection to reconnect; closing a channel tries to
+put those messages back, which needs a client, and kombu builds one from the
+connection's address, which a closed connection no longer has: an
+AttributeError, which Celery takes for "Unrecoverable error" and the worker
+exits (seen in ``make chaos``'s broker-restart case). Here that is the
+connection error it is, which the closing code ignores, and the worker
+reconnects (the messages come back by the visibility timeout, as after any
+lost connection).
+
 gpushare/celery.py makes this the transport of ``redis://`` URLs in platform
 processes (web, worker, beat).
 """
@@ -17,6 +27,7 @@ import logging
 from queue import Empty
 
 from kombu.transport import redis as kombu_redis
+from redis import exceptions as redis_exceptions
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,11 @@ def envelope_ok(message) -> bool:
 
 
 class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:  # its connection is closed (see the module doc)
+            raise redis_exceptions.ConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous=asynchronous)
+
     def _brpop_read(self, **options):
         try:
             return super()._brpop_read(**options)
