@@ -40,7 +40,10 @@ def test_a_connection_outlives_the_task_and_a_killed_one_is_replaced(persistent_
     other = connections.create_connection("default")
     try:
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+            # With a timeout, it returns once the backend has exited: without one it only signals, and on a
+            # slow machine the next task's health check could still find the backend alive, then lose it.
+            cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [first])
+            assert cursor.fetchone()[0] is True
     finally:
         other.close()
     replaced = task(backend_pid)  # the health check found it dead: a new one, no error
