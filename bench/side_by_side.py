@@ -347,22 +347,21 @@ def rows_for(ours: dict, slurm: dict[str, dict], ours_vs: dict[str, dict] | None
         )
         if "array_submit_s" in ours and "array_submit_s" in theirs:
             for key, label in (("array_submit_s", "submit"), ("array_drain_s", "drain")):
-                mine = paired if label == "submit" else ours
-                runs = len(mine.get("rounds", {}).get(key, ())) or len(mine.get("array_submits_s", ())) or 1
+                submit = label == "submit"  # paired with this profile's rounds; the drain against every profile
                 rows.append(
                     Row(
                         "vs-slurm",
                         f"array of {ours['n']} tasks (1/8 GPU each), {label}",
-                        mine[key],
+                        paired[key],
                         "s",
                         theirs[key],
                         ref,
                         higher_is_better=False,
                         goal="ahead of Slurm",
-                        goal_met=mine[key] <= theirs[key]
-                        if label == "submit"
-                        else mine[key] <= min(s[key] for s in slurm.values()),
-                        runs=runs if label == "submit" else 1,
+                        goal_met=paired[key] <= (theirs[key] if submit else min(s[key] for s in slurm.values())),
+                        runs=(len(paired.get("rounds", {}).get(key, ())) or len(paired.get("array_submits_s", ())) or 1)
+                        if submit
+                        else 1,
                     )
                 )
         tuned = slurm.get("tuned", theirs)

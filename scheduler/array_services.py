@@ -26,7 +26,6 @@ from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
 from .services import (
     EVENT_COLUMNS,
-    JobError,
     JobSpec,
     job_cancel,
     job_checked,
@@ -187,31 +186,16 @@ def job_array_submit_idempotent(
     *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency_key: str
 ) -> ArraySubmitted:
     """``job_array_submit`` once per (tenant, Idempotency-Key), like single jobs (scheduler.api.idempotency)."""
-    from .api.idempotency import KEY_TTL, once_per_key, request_hash
+    from .api.idempotency import key_holder, once_per_key, request_hash
 
     if not idempotency_key:
         return ArraySubmitted(job_array_submit(tenant=tenant, user=user, spec=spec, array=array), True)
     digest = hashlib.sha256(f"{request_hash(spec)}:{array.expression}".encode()).hexdigest()
 
-    def existing() -> JobArray | None:
-        with tenant_scope(tenant):
-            found = JobArray.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
-            if found is not None and found.submitted_at < timezone.now() - KEY_TTL:
-                JobArray.objects.filter(pk=found.pk).update(idempotency_key="")
-                return None
-        if found is None:
-            return None
-        if found.request_hash != digest:
-            raise JobError(
-                f"Idempotency-Key '{idempotency_key}' was already used for array {found.pk} with a different "
-                "request body; use a new key for a different array",
-                code="conflict",
-            )
-        return found
-
     keyed = (idempotency_key, digest)
     job_array, created = once_per_key(
-        lambda: job_array_submit(tenant=tenant, user=user, spec=spec, array=array, idempotency=keyed), existing
+        lambda: job_array_submit(tenant=tenant, user=user, spec=spec, array=array, idempotency=keyed),
+        lambda: key_holder(JobArray, tenant=tenant, key=idempotency_key, digest=digest, noun="array"),
     )
     return ArraySubmitted(job_array, created)
 

@@ -25,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import Tenant
-from accounts.tenancy import acts_for_tenant
+from accounts.tenancy import acts_for_tenant, tenant_scope
 
 from .. import services
 from ..models import Job
@@ -48,21 +48,22 @@ def request_hash(spec: services.JobSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _existing(*, tenant: Tenant, key: str, digest: str) -> Job | None:
-    job = Job.objects.filter(tenant=tenant, idempotency_key=key).first()
-    if job is None:
-        return None
-    if job.submitted_at < timezone.now() - KEY_TTL:
-        # The key has expired: free it so it can name a new job.
-        Job.objects.filter(pk=job.pk).update(idempotency_key="")
-        return None
-    if job.request_hash != digest:
+def key_holder(model, *, tenant: Tenant, key: str, digest: str, noun: str):
+    """The record (a ``Job`` or a ``JobArray``) the tenant's ``key`` names, or None; a key past ``KEY_TTL``
+    is freed (it may name a new record) and answers None; one that names another request body raises
+    ``conflict``."""
+    with tenant_scope(tenant):
+        found = model.objects.filter(tenant=tenant, idempotency_key=key).first()
+        if found is not None and found.submitted_at < timezone.now() - KEY_TTL:
+            model.objects.filter(pk=found.pk).update(idempotency_key="")
+            return None
+    if found is not None and found.request_hash != digest:
         raise services.JobError(
-            f"Idempotency-Key '{key}' was already used for job {job.pk} with a different request body; "
-            "use a new key for a different job",
+            f"Idempotency-Key '{key}' was already used for {noun} {found.pk} with a different request body; "
+            f"use a new key for a different {noun}",
             code="conflict",
         )
-    return job
+    return found
 
 
 def once_per_key(submit: Callable[[], T], existing: Callable[[], T | None]) -> tuple[T, bool]:
@@ -98,6 +99,6 @@ def job_submit_idempotent(*, tenant: Tenant, user, spec: services.JobSpec, idemp
     digest = request_hash(spec)
     job, created = once_per_key(
         lambda: services.job_submit(tenant=tenant, user=user, spec=spec, idempotency=(idempotency_key, digest)),
-        lambda: _existing(tenant=tenant, key=idempotency_key, digest=digest),
+        lambda: key_holder(Job, tenant=tenant, key=idempotency_key, digest=digest, noun="job"),
     )
     return Submitted(job=job, created=created)
