@@ -1,6 +1,10 @@
 import os
 
-from django.core.wsgi import get_wsgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
-application = get_wsgi_application()
+django.setup(set_prefix=False)
+
+from gpushare.lanes import Lanes  # noqa: E402  (after setup: it builds the middleware chains)
+
+application = Lanes()

@@ -84,6 +84,17 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # keep last: turns a locked-out login into the lockout page
 ]
 
+# What an /api/ call made with a bearer token skips (gpushare/lanes.py): the browser's layers only.
+BROWSER_ONLY_MIDDLEWARE = [
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+]
+
 ROOT_URLCONF = "gpushare.urls"
 CSRF_FAILURE_VIEW = "gpushare.api_edges.csrf_failure"  # the API's error shape on /api/ paths
 WSGI_APPLICATION = "gpushare.wsgi.application"

@@ -1,0 +1,156 @@
+"""The WSGI application's two middleware chains (gpushare/lanes.py), called as a server calls it."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+from django.conf import settings
+from django.contrib.sessions.middleware import SessionMiddleware
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import Client, override_settings
+from django_scopes import scopes_disabled
+
+from accounts.models import Membership
+from gpushare import lanes
+from tests.factories import token_for
+
+pytestmark = pytest.mark.django_db
+
+
+def wsgi_call(app, method: str, path: str, *, body: bytes = b"", **headers) -> tuple[int, dict, bytes]:
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "HTTP_HOST": "testserver",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        **headers,
+    }
+    started = {}
+
+    def start_response(status, response_headers, exc_info=None):
+        started["status"], started["headers"] = int(status.split()[0]), response_headers
+
+    # As Django's test client does: the test's transaction keeps its connection through the request.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        chunks = app(environ, start_response)
+        try:
+            content = b"".join(chunks)
+        finally:
+            chunks.close()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    headers_by_name: dict[str, list[str]] = {}
+    for name, value in started["headers"]:
+        headers_by_name.setdefault(name.lower(), []).append(value)
+    return started["status"], headers_by_name, content
+
+
+@pytest.fixture
+def sessions_seen(monkeypatch):
+    """The requests SessionMiddleware saw, in applications built after this fixture."""
+    seen = []
+    original = SessionMiddleware.process_request
+
+    def spy(self, request):
+        seen.append(request.path)
+        return original(self, request)
+
+    monkeypatch.setattr(SessionMiddleware, "process_request", spy)
+    return seen
+
+
+def session_cookie(tenant) -> str:
+    """A logged-in member's session cookie."""
+    token_for(tenant)  # makes a member
+    with scopes_disabled():
+        user = Membership.objects.filter(tenant=tenant).first().user
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def test_a_bearer_api_call_skips_the_browsers_middleware_and_a_browser_call_does_not(tenant, sessions_seen):
+    app = lanes.Lanes()
+    token = token_for(tenant)
+    status, _, _ = wsgi_call(app, "GET", "/api/v1/jobs/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert status == 200 and sessions_seen == []
+    status, _, _ = wsgi_call(app, "GET", "/api/v1/jobs/", HTTP_AUTHORIZATION=f"bEaReR {token}")  # any case
+    assert status == 200 and sessions_seen == []
+    status, _, _ = wsgi_call(app, "GET", "/api/v1/", HTTP_COOKIE=session_cookie(tenant))
+    assert status == 200 and sessions_seen == ["/api/v1/"]  # a browser's call: its session
+    wsgi_call(app, "GET", "/accounts/login/", HTTP_AUTHORIZATION=f"Bearer {token}")  # not /api/: the whole chain
+    assert sessions_seen == ["/api/v1/", "/accounts/login/"]
+
+
+def test_a_bearer_response_carries_every_header_the_whole_chain_gives_it(tenant):
+    """Security headers, CSP, request id and timing: the same names on both lanes, for a success and errors."""
+    app = lanes.Lanes()
+    token = token_for(tenant)
+    for path, headers in (
+        ("/api/v1/jobs/", {"HTTP_AUTHORIZATION": f"Bearer {token}"}),
+        ("/api/v1/jobs/", {"HTTP_AUTHORIZATION": "Bearer not-a-token"}),
+        ("/api/v1/no-such-thing/", {"HTTP_AUTHORIZATION": f"Bearer {token}"}),
+    ):
+        lane_status, lane, lane_body = wsgi_call(app, "GET", path, **headers)
+        whole_status, whole, whole_body = wsgi_call(app.browser, "GET", path, **headers)
+        assert lane_status == whole_status
+        assert set(lane) == set(whole), (path, set(lane) ^ set(whole))
+        for name in ("x-content-type-options", "x-frame-options", "referrer-policy", "x-request-id", "server-timing"):
+            assert name in lane, (path, name)
+        assert json.loads(lane_body).keys() == json.loads(whole_body).keys()
+    assert lane_status == 404 and json.loads(lane_body)["error"]["code"] == "not_found"
+
+
+def test_a_bad_token_is_refused_on_the_bearer_lane_even_with_a_valid_session(tenant):
+    """The token decides alone: a browser's session cookie beside a bad token does not let the call through."""
+    status, _, body = wsgi_call(
+        lanes.Lanes(),
+        "GET",
+        "/api/v1/jobs/",
+        HTTP_AUTHORIZATION="Bearer revoked-or-unknown",
+        HTTP_COOKIE=session_cookie(tenant),
+    )
+    assert status == 401 and json.loads(body)["error"]["code"] == "unauthenticated"
+
+
+def test_the_body_limit_and_csrf_hold_on_their_lanes(tenant):
+    app = lanes.Lanes()
+    too_big = b"x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+    status, _, body = wsgi_call(
+        app, "POST", "/api/v1/jobs/", body=too_big, HTTP_AUTHORIZATION=f"Bearer {token_for(tenant)}"
+    )
+    assert status == 413 and json.loads(body)["error"]["code"] == "too_large"
+    # A session's unsafe call without the CSRF token is still refused (the whole chain, DRF's session check).
+    job = json.dumps({"command": ["true"], "gpus": 1}).encode()
+    status, _, body = wsgi_call(app, "POST", "/api/v1/jobs/", body=job, HTTP_COOKIE=session_cookie(tenant))
+    assert status == 403 and "CSRF" in json.loads(body)["error"]["message"]
+
+
+def test_a_middleware_named_to_skip_but_not_in_the_list_is_an_error():
+    with override_settings(BROWSER_ONLY_MIDDLEWARE=["no.such.Middleware"]):
+        with pytest.raises(ValueError, match="no.such.Middleware"):
+            lanes.api_middleware()
+    assert "django.contrib.sessions.middleware.SessionMiddleware" not in lanes.api_middleware()
+    assert lanes.api_middleware() == [m for m in settings.MIDDLEWARE if m not in settings.BROWSER_ONLY_MIDDLEWARE]
+
+
+def test_the_server_loads_the_lanes():
+    from gpushare.wsgi import application
+
+    assert isinstance(application, lanes.Lanes)
