@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import cpu
 from .stats import Row, median, percentile, rate
 from .workload import api_body, chunks, slurm_gres, workload
 
@@ -113,6 +114,16 @@ class Ours:
         with scopes_disabled():
             return list(Job.objects.filter(array_id=array_id).values_list("pk", flat=True))
 
+    def cpu_groups(self) -> dict:
+        """Our processes, for the CPU a submit costs each (``bench.cpu``)."""
+        procs = self.stack.procs
+        return {
+            "web": cpu.tree(procs["web"].proc.pid),
+            "worker": cpu.tree(procs["worker"].proc.pid),
+            "postgres": cpu.named("postgres"),
+            "redis": cpu.named("redis-server"),
+        }
+
     def hold(self) -> None:
         self.stack.node_state_set("cordoned")
 
@@ -144,6 +155,9 @@ class Theirs:
 
     def array_tasks(self, array_id: int) -> list[int]:
         return [array_id]  # Slurm holds and releases an array by its id
+
+    def cpu_groups(self) -> dict:
+        return {"slurm": cpu.named("slurm"), "munge": cpu.named("munge")}
 
     def hold(self) -> None:
         self.held = True
@@ -255,15 +269,22 @@ def submit_rounds(ours, theirs, *, n: int, log) -> dict[str, dict]:
     ``ARRAY_SETTLE_S`` idle, as ``array_measure``'s) per system: {system name: {key: [each round's figure]}},
     keys as ``measure``'s (``submit_1c_per_s``, ``submit_4c_per_s``, ``array_submit_s``)."""
     shares = workload(n)
-    keys = [f"submit_{c}c_per_s" for c in CLIENTS] + ["array_submit_s"]
+    keys = [f"submit_{c}c_per_s" for c in CLIENTS] + [f"cpu_{c}c_ms" for c in CLIENTS] + ["array_submit_s"]
     figures: dict[str, dict] = {system.name: {key: [] for key in keys} for system in (ours, theirs)}
+    for system in (ours, theirs):
+        figures[system.name][CPU_SPLIT] = {c: [] for c in CLIENTS}
     for round_ in range(SUBMIT_ROUNDS):
         order = (theirs, ours) if round_ % 2 == 0 else (ours, theirs)
         for clients in CLIENTS:
             for system in order:
                 system.hold()
+                meter = cpu.Meter(system.cpu_groups)
+                meter.start()
                 seconds, ids = submit_timed(system.submit_one, shares, clients)
+                split = meter.stop(len(ids))
                 figures[system.name][f"submit_{clients}c_per_s"].append(rate(len(ids), seconds))
+                figures[system.name][f"cpu_{clients}c_ms"].append(split["machine"])
+                figures[system.name][CPU_SPLIT][clients].append(split)
                 system.discard(ids)
         for system in order:
             system.hold()
@@ -280,13 +301,26 @@ def submit_rounds(ours, theirs, *, n: int, log) -> dict[str, dict]:
                 for name, values in figures.items()
             )
         )
+        for name, values in figures.items():
+            log(f"    CPU per submit, {name}: " + "; ".join(cpu_text(c, values[CPU_SPLIT][c][-1]) for c in CLIENTS))
     return figures
+
+
+CPU_SPLIT = "cpu_split"  # each round's CPU per submit by process group (bench.cpu.Meter), per client count
+
+
+def cpu_text(clients: int, split: dict) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items() if k != "machine")
+    return f"{clients} client{'s' if clients > 1 else ''} {split['machine']:.2f} ms ({parts})"
 
 
 def rounds_apply(out: dict, figures: dict) -> None:
     """``measure``'s figures for the rows replaced by the rounds' medians (their first, one-system-at-a-time
     figures kept as ``*_alone``; each round's under ``rounds``)."""
     for key, values in figures.items():
+        if key == CPU_SPLIT:
+            out[key] = values
+            continue
         out[f"{key}_alone"] = out.get(key)
         out[key] = median(values)
     out["rounds"] = figures
@@ -319,6 +353,21 @@ def rows_for(ours: dict, slurm: dict[str, dict], ours_vs: dict[str, dict] | None
                     + (f"; median of {rounds} rounds alternating with Slurm's" if rounds > 1 else ""),
                 )
             )
+            cpu_key = f"cpu_{c}c_ms"
+            if paired.get(cpu_key) is not None and theirs.get(cpu_key) is not None:
+                rows.append(
+                    Row(
+                        "vs-slurm",
+                        f"CPU per submit, {c} client{'s' if c > 1 else ''} (whole machine)",
+                        paired[cpu_key],
+                        "ms",
+                        theirs[cpu_key],
+                        ref,
+                        higher_is_better=False,
+                        runs=rounds,
+                        note="every process and the kernel, clients included (bench/cpu.py); the split is in the JSON",
+                    )
+                )
         rows.append(
             Row(
                 "vs-slurm",

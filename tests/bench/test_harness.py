@@ -224,6 +224,9 @@ class _FakeSystem:
     def discard(self, ids) -> None:
         self.log.append((self.name, "discard"))
 
+    def cpu_groups(self) -> dict:
+        return {}
+
 
 def test_submit_rounds_alternate_which_system_goes_first_and_keep_every_figure(monkeypatch):
     import bench.side_by_side as sbs
@@ -240,8 +243,14 @@ def test_submit_rounds_alternate_which_system_goes_first_and_keep_every_figure(m
         assert {k: len(v) for k, v in figures[name].items()} == {
             "submit_1c_per_s": sbs.SUBMIT_ROUNDS,
             "submit_4c_per_s": sbs.SUBMIT_ROUNDS,
+            "cpu_1c_ms": sbs.SUBMIT_ROUNDS,
+            "cpu_4c_ms": sbs.SUBMIT_ROUNDS,
             "array_submit_s": sbs.SUBMIT_ROUNDS,
+            sbs.CPU_SPLIT: len(sbs.CLIENTS),
         }
+        for clients in sbs.CLIENTS:  # each round's split per submit: the whole machine, the client, the rest
+            splits = figures[name][sbs.CPU_SPLIT][clients]
+            assert len(splits) == sbs.SUBMIT_ROUNDS and {"machine", "client", "other"} <= set(splits[0])
     assert (("gpushare", "array 8") in log) and log.count(("gpushare", "discard")) == per_round // 2 * sbs.SUBMIT_ROUNDS
 
 
@@ -279,3 +288,51 @@ def test_rows_pair_our_submit_figures_with_the_rounds_of_the_profile_they_ran_be
     # Without rounds: the one-system-at-a-time figures.
     plain = {(r.metric, r.reference_name): r for r in rows_for(ours, slurm)}
     assert plain[("submit, 1 client", "slurm tuned")].ours == 150.0
+    assert not any(metric.startswith("CPU per submit") for metric, _ in plain)  # no rounds, no CPU figures
+
+
+def test_cpu_rows_come_from_the_rounds_and_read_lower_as_better():
+    from bench.side_by_side import CPU_SPLIT, rounds_apply, rows_for
+
+    base = {"n": 1000, "latency_s": [0.1], "latency_p50_s": 0.1, "latency_p95_s": 0.1, "drain_per_s": 50.0}
+    base |= {"array_drain_s": 10.0, "array_submit_s": 0.009, "submit_1c_per_s": 150.0, "submit_4c_per_s": 300.0}
+    split = {"machine": 9.0, "client": 1.0, "other": 8.0}
+    slurm = {"tuned": {**base}}
+    rounds_apply(slurm["tuned"], {"cpu_1c_ms": [6.0, 5.0, 7.0], "cpu_4c_ms": [6.5] * 3, CPU_SPLIT: {1: [split]}})
+    ours_vs = {"tuned": {**base}}
+    rounds_apply(ours_vs["tuned"], {"cpu_1c_ms": [9.0, 8.0, 10.0], "cpu_4c_ms": [8.5] * 3, CPU_SPLIT: {1: [split]}})
+    assert ours_vs["tuned"][CPU_SPLIT] == {1: [split]}  # kept as it was, not a median
+    rows = {(r.metric, r.reference_name): r for r in rows_for(base, slurm, ours_vs)}
+    row = rows[("CPU per submit, 1 client (whole machine)", "slurm tuned")]
+    assert (row.ours, row.reference, row.higher_is_better, row.unit) == (9.0, 6.0, False, "ms")
+
+
+def test_the_cpu_meter_counts_the_client_and_each_group_per_operation():
+    import subprocess
+    import sys
+    import time
+
+    from bench import cpu
+
+    burn = (
+        "import sys, time\nsys.stdin.readline()\n"
+        "t = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)  # started, waiting for its line
+        meter = cpu.Meter(lambda: {"child": cpu.tree(child.pid)})
+        meter.start()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        spent = time.process_time()
+        while time.process_time() - spent < 0.3:  # this process: the client
+            pass
+        time.sleep(0.6)  # the child's burn ends inside the run
+        split = meter.stop(10)
+    finally:
+        child.kill()
+        child.wait()
+    assert 29 <= split["client"] <= 36  # ms per operation: 0.3 s over 10
+    assert 39 <= split["child"] <= 46  # the child's 0.4 s
+    assert split["machine"] >= split["client"] + split["child"] - 5  # /proc/stat counts in 10 ms ticks
