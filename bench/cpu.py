@@ -33,15 +33,22 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def processes_cpu_s(processes: list[psutil.Process]) -> float:
-    total = 0.0
+def processes_cpu_s(processes: list[psutil.Process]) -> dict[int, float]:
+    """CPU seconds of each process still running, by pid."""
+    out = {}
     for process in processes:
         try:
             times = process.cpu_times()
-        except psutil.NoSuchProcess:  # ended during the run: its time is in ``other``
+        except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system
-    return total
+        out[process.pid] = times.user + times.system
+    return out
+
+
+def spent_s(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes running at both ends spent in between (one that ended during the run, a
+    database session closed, say, is left out: its time is in ``other``)."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -69,7 +76,7 @@ class Meter:
     _machine: float = 0.0
     _client: float = 0.0
     _procs: dict[str, list[psutil.Process]] = field(default_factory=dict)
-    _before: dict[str, float] = field(default_factory=dict)
+    _before: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def start(self) -> None:
         self._procs = self.groups()  # the processes as they are when the run starts
@@ -82,7 +89,7 @@ class Meter:
         machine = machine_busy_s() - self._machine
         out = {"client": self_cpu_s() - self._client}
         for name, procs in self._procs.items():
-            out[name] = processes_cpu_s(procs) - self._before[name]
+            out[name] = spent_s(self._before[name], processes_cpu_s(procs))
         out["other"] = max(0.0, machine - sum(out.values()))
         out["machine"] = machine
         return {key: round(seconds * 1000 / max(1, n), 3) for key, seconds in out.items()}

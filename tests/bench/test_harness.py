@@ -336,3 +336,9 @@ def test_the_cpu_meter_counts_the_client_and_each_group_per_operation():
     assert 29 <= split["client"] <= 36  # ms per operation: 0.3 s over 10
     assert 39 <= split["child"] <= 46  # the child's 0.4 s
     assert split["machine"] >= split["client"] + split["child"] - 5  # /proc/stat counts in 10 ms ticks
+
+
+def test_a_process_that_ends_during_the_run_counts_in_other_not_against_its_group():
+    from bench import cpu
+
+    assert cpu.spent_s({1: 5.0, 2: 9.0}, {1: 5.5, 3: 1.0}) == 0.5  # 2 ended, 3 started: neither counts
