@@ -28,5 +28,5 @@ RUN useradd --system --uid 1000 gpushare \
     && chown -R gpushare /app/var
 USER gpushare
 EXPOSE 8000 8001
-# Web: gunicorn with gpushare's conf (multiprocess metrics, no access log: gpushare.request logs).
-CMD ["gunicorn", "-c", "python:gpushare.gunicorn_conf", "gpushare.wsgi"]
+# Web: gpushare's server (granian; multiprocess metrics, no access log: gpushare.request logs).
+CMD ["python", "-m", "gpushare.serve"]

@@ -58,7 +58,7 @@ class Context:
         if self._stack is None:
             from .stack import Stack
 
-            self.log("starting the platform stack (gunicorn, celery worker + beat, agent on 8 simulated H100s)")
+            self.log("starting the platform stack (web server, celery worker + beat, agent on 8 simulated H100s)")
             self._stack = Stack(self.workdir / "stack").start()
             self.log(f"stack up at {self._stack.url}")
         return self._stack

@@ -1,6 +1,6 @@
 """Benchmark: the API under load (wrk, 50 connections) vs the same server's trivial endpoint.
 
-Endpoints, each with the tenant's Bearer token through gunicorn:
+Endpoints, each with the tenant's Bearer token through the web server (gpushare.serve):
 - ``GET /api/v1/jobs/`` (first page) with N finished jobs in the database
   (bulk-inserted history: 100,000, or 10,000 with --quick);
 - ``POST /api/v1/jobs/`` (the node is cordoned so the submitted jobs stay queued);

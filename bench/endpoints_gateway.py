@@ -11,7 +11,7 @@ check fixed in memory, so the figure is the proxy path itself: routing,
 least-outstanding choice, forwarding and streaming the answer back.
 
 Cold start (zero replicas to first answer) runs the whole platform
-(bench.stack: gunicorn, a Celery worker with beat, a node agent on simulated
+(bench.stack: the web server, a Celery worker with beat, a node agent on simulated
 GPUs) and a real gateway process: deploy a min-0 endpoint, time the first
 request through the gateway (held while the autoscaler starts a replica, the
 scheduler places it, the agent starts it and it passes its health check),

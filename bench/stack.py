@@ -1,10 +1,11 @@
 """The platform as it is deployed, started by the harness for one run.
 
-gunicorn (the real WSGI app), a Celery worker (with beat) and a node agent on
-simulated GPUs, against PostgreSQL (its own database, dropped and migrated at
-start) and Redis (its own db number, flushed at start). The harness process
-itself is configured as one more Django client of that database, to seed
-rules and tenants and to read results.
+The web server as deployed (``gpushare.serve``: granian, the real WSGI app), a
+Celery worker (with beat) and a node agent on simulated GPUs, against
+PostgreSQL (its own database, dropped and migrated at start) and Redis (its own
+db number, flushed at start). The harness process itself is configured as one
+more Django client of that database, to seed rules and tenants and to read
+results.
 """
 
 from __future__ import annotations
@@ -228,25 +229,18 @@ class Stack:
         self._proc(
             "web",
             [
-                str(BIN / "gunicorn"),
-                "-c",
-                "python:gpushare.gunicorn_conf",  # as deployed (Dockerfile, docker-compose, Kubernetes)
-                "gpushare.wsgi",
-                "-b",
+                str(BIN / "python"),
+                "-m",
+                "gpushare.serve",  # as deployed (Dockerfile, docker-compose, Kubernetes)
+                "--bind",
                 f"127.0.0.1:{self.port}",
-                "-w",
+                "--workers",
                 str(c.web_workers),
-                "-k",
-                "gthread",
                 "--threads",
                 str(c.web_threads),
-                "--backlog",
-                "2048",
-                "--log-level",
-                "warning",
             ],
         ).start()
-        self.wait(lambda: self._http_ok(), 60, "gunicorn to answer", "web")
+        self.wait(lambda: self._http_ok(), 60, "the web server to answer", "web")
 
     def _http_ok(self) -> bool:
         try:

@@ -1,6 +1,6 @@
 """``python -m chaos`` (``make chaos``): the fault-injection suite.
 
-Each case starts a fresh platform stack (gunicorn, Celery worker + beat, an
+Each case starts a fresh platform stack (web server, Celery worker + beat, an
 agent on simulated GPUs) on its own PostgreSQL database (gpushare_chaos) and
 Redis db, injects one fault and checks what must still hold. Prints one line
 per case (pass/fail, figures), writes bench/results/chaos.json, and exits 1

@@ -1,6 +1,6 @@
 """`make run`: migrate, seed the demo, and start every process the platform needs.
 
-Web server (gunicorn), Celery worker, Celery beat, one node agent on
+Web server (granian: gpushare.serve), Celery worker, Celery beat, one node agent on
 simulated GPUs and the endpoint gateway, supervised by honcho; Ctrl-C stops
 them all. Embedded defaults (SQLite + kombu's filesystem broker under var/)
 unless DATABASE_URL and REDIS_URL are set.
@@ -79,7 +79,7 @@ def main() -> None:
     procfile.write_text(
         "\n".join(
             [
-                f"web: {BIN / 'gunicorn'} -c python:gpushare.gunicorn_conf gpushare.wsgi -b 127.0.0.1:{PORT} -w 2",
+                f"web: {python} -m gpushare.serve --bind 127.0.0.1:{PORT} --workers 2",
                 f"worker: GPUSHARE_METRICS_PORT={WORKER_OPS_PORT} {BIN / 'celery'} -A gpushare worker -Q platform -c 2"
                 " -l info --without-gossip --without-mingle",
                 f"beat: GPUSHARE_METRICS_PORT={BEAT_OPS_PORT} {BIN / 'celery'} -A gpushare beat -l info"

@@ -76,7 +76,7 @@ def test_a_submit_asks_for_its_pass_only_once_its_response_is_written(rules, ten
     }
     started = []
     response = WSGIHandler()(environ, lambda status, headers: started.append(status))
-    written = b"".join(response)  # what gunicorn writes to the socket
+    written = b"".join(response)  # what the server writes to the socket
     assert started == ["201 Created"] and json.loads(written)["state"] == "queued"
     assert not client.exists(passes.PASS_FLAG_KEY)  # the client has its answer; the pass is not asked yet
     response.close()

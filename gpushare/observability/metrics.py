@@ -17,9 +17,9 @@ by view, method and status, latency histograms by view). This module adds:
 | ``gpushare_usage_ingest_lag_seconds`` | histogram | | from a window's end on the node to it being stored |
 | ``gpushare_stripe_webhook_refused_total`` | counter | reason | Stripe events refused (e.g. amount_mismatch) |
 
-Processes that fork (gunicorn, the Celery prefork pool) keep their series in
+Processes that start workers (the web server, the Celery prefork pool) keep their series in
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode; set for
-them by ``gpushare/gunicorn.conf.py`` and ``gpushare/celery.py``), and a
+them by ``gpushare/serve.py`` and ``gpushare/celery.py``), and a
 scrape adds up every process's files.
 """
 

@@ -5,8 +5,8 @@ CI pipeline that set it can follow the request through our logs), else a new
 one; it is sent back in ``X-Request-ID``. Logs written while the request runs
 carry it, with the tenant (bound when a token authenticates) and the job
 (when the URL names one). The closing line, ``gpushare.request`` at INFO,
-has the method, path, status, duration and user: it replaces gunicorn's
-access log, which knows none of these. The duration is also sent back, as
+has the method, path, status, duration and user: the web server's
+access log is off: it knows none of these. The duration is also sent back, as
 ``Server-Timing: app;dur=<ms>`` (browsers' developer tools show it; a client
 that sees a slow call can tell the server's part from the network's).
 """

@@ -1,7 +1,7 @@
 """Directories for prometheus-client's multiprocess mode (no prometheus import here).
 
 ``metrics_dir_create("gpushare-metrics-")`` makes ``$TMPDIR/gpushare-metrics-<pid>-XXXX`` for
-the process that will fork the ones writing into it (a Celery worker, gunicorn's master), and
+the process that will fork the ones writing into it (a Celery worker, the web server's main process), and
 removes the directories of earlier processes that are gone: a process killed with SIGKILL
 never runs its exit hooks, and its files would otherwise stay behind.
 """

@@ -14,12 +14,12 @@ from tests.factories import TenantFactory, platform_rules_seed, token_for
 from tests.processes import _spawn, _stop, process_env
 
 
-def _gunicorn(env: dict):
+def _web_server(env: dict):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "gunicorn", "gpushare.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1", "--threads", "2"]
-    proc, log_path = _spawn(f"gunicorn-rate-{port}", argv, env)
+    argv = [sys.executable, "-m", "gpushare.serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2"]
+    proc, log_path = _spawn(f"web-rate-{port}", argv, env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -30,7 +30,7 @@ def _gunicorn(env: dict):
                 raise RuntimeError(log_path.read_text()[-2000:]) from None
             time.sleep(0.2)
     _stop(proc)
-    raise RuntimeError("gunicorn did not start")
+    raise RuntimeError("the web server did not start")
 
 
 @pytest.mark.integration
@@ -45,7 +45,7 @@ def test_two_tokens_on_two_web_processes_share_the_tenants_allowance():
     _redis().delete(f"throttle:tenant:{tenant.pk}")  # a run within the minute before had a tenant of this id
     tokens = [token_for(tenant), token_for(tenant)]
     env = process_env({"GPUSHARE_API_RATE": "100000/min"})  # the per-token limit is out of the way
-    servers = [_gunicorn(env), _gunicorn(env)]
+    servers = [_web_server(env), _web_server(env)]
     try:
         statuses = []
         for i in range(40):  # alternate processes and tokens: 10 requests for each pair

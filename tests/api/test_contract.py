@@ -193,13 +193,13 @@ def test_oversized_bodies_get_a_413_the_client_can_read_from_the_live_server(liv
 
 
 @pytest.fixture
-def gunicorn_port(transactional_db):
-    """The web server as `make run` serves it (gunicorn, threads), on the test database."""
+def server_port(transactional_db):
+    """The web server as deployed (``gpushare.serve``, threads), on the test database."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "gunicorn", "gpushare.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1", "--threads", "4"]
-    proc, log_path = _spawn(f"gunicorn-{port}", argv, process_env())
+    argv = [sys.executable, "-m", "gpushare.serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "4"]
+    proc, log_path = _spawn(f"web-{port}", argv, process_env())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -213,17 +213,17 @@ def gunicorn_port(transactional_db):
     _stop(proc)
 
 
-def test_oversized_bodies_get_a_413_the_client_can_read_from_gunicorn(gunicorn_port):
+def test_oversized_bodies_get_a_413_the_client_can_read_from_the_web_server(server_port):
     for size in (2 << 20, 64 << 20, 200 << 20):
-        assert_413(raw_post(gunicorn_port, size), size)
-    assert_413(raw_post(gunicorn_port, 8 << 20, expect_continue=True), 8 << 20)
+        assert_413(raw_post(server_port, size), size)
+    assert_413(raw_post(server_port, 8 << 20, expect_continue=True), 8 << 20)
 
 
-def test_requests_sees_the_413(gunicorn_port):
+def test_requests_sees_the_413(server_port):
     import requests
 
     response = requests.post(
-        f"http://127.0.0.1:{gunicorn_port}/api/v1/jobs/",
+        f"http://127.0.0.1:{server_port}/api/v1/jobs/",
         data=b"x" * (50 << 20),
         headers={"Content-Type": "application/json"},
         timeout=60,
@@ -232,12 +232,12 @@ def test_requests_sees_the_413(gunicorn_port):
     assert response.json()["error"]["code"] == "too_large"
 
 
-def test_curl_sees_the_413(gunicorn_port, tmp_path):
+def test_curl_sees_the_413(server_port, tmp_path):
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (30 << 20))
     done = subprocess.run(
         ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", "-H", "Content-Type: application/json"]
-        + ["--data-binary", f"@{big}", f"http://127.0.0.1:{gunicorn_port}/api/v1/jobs/"],
+        + ["--data-binary", f"@{big}", f"http://127.0.0.1:{server_port}/api/v1/jobs/"],
         capture_output=True,
         text=True,
         timeout=60,

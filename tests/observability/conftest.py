@@ -60,32 +60,22 @@ def spawn():
 
 
 def web_server(spawn, env: dict) -> str:
-    """gunicorn with the production conf (multiprocess metrics), on a free port; returns its URL."""
+    """The web server as deployed (``gpushare.serve``: multiprocess metrics), two workers, on a free port;
+    returns its URL."""
     port = free_port()
     proc, log_path = spawn(
         "web",
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            "python:gpushare.gunicorn_conf",
-            "gpushare.wsgi",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            "2",
-        ],
+        [sys.executable, "-m", "gpushare.serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
         env,
     )
     url = f"http://127.0.0.1:{port}"
 
     def up():
         if proc.poll() is not None:
-            raise RuntimeError(f"gunicorn exited: {log_path.read_text()[-3000:]}")
+            raise RuntimeError(f"the web server exited: {log_path.read_text()[-3000:]}")
         return status(url, "/readyz") == 200  # booted, Django loaded, first connections made
 
-    wait_for(up, timeout=90, what="gunicorn")
+    wait_for(up, timeout=90, what="the web server")
     return url
 
 

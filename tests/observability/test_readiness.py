@@ -1,5 +1,5 @@
 """Readiness fails while PostgreSQL or the broker is unreachable, and recovers, for the web
-(gunicorn with the production conf), a Celery worker and beat (heartbeat + exec probe),
+(the web server as deployed), a Celery worker and beat (heartbeat + exec probe),
 the gateway and the node agent. Each talks to the shared PostgreSQL and Redis through a
 proxy this test cuts and restores; the shared servers are never touched."""
 
@@ -78,7 +78,7 @@ def test_web_metrics_need_the_token_and_count_requests_by_route_and_status(spawn
     url = web_server(spawn, env)
     tenant = TenantFactory(slug="metrics-a")
     auth = {"Authorization": f"Bearer {token_for(tenant)}"}
-    for _ in range(3):  # two gunicorn workers: the scrape must add both up
+    for _ in range(3):  # two web workers: the scrape must add both up
         assert requests.get(f"{url}/api/v1/jobs/", headers=auth, timeout=30).status_code == 200
     assert requests.get(f"{url}/api/v1/jobs/999999/", headers=auth, timeout=30).status_code == 404
     assert requests.get(f"{url}/api/v1/jobs/", timeout=30).status_code == 401
