@@ -4,6 +4,7 @@ tests/observability/test_readiness.py, tests/api/test_contract.py and tests/admi
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -36,7 +37,10 @@ def test_an_operators_metrics_directory_is_emptied_and_kept(monkeypatch, tmp_pat
 
 
 def test_without_one_a_fresh_directory_is_made_for_the_workers(monkeypatch):
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # Set, then removed: monkeypatch then puts back what was there before (nothing), not the directory made
+    # here (every process this test session starts afterwards would inherit a directory that is gone).
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     made = serve.metrics_dir()
     try:
         assert made and os.environ["PROMETHEUS_MULTIPROC_DIR"] == made and os.path.isdir(made)
@@ -48,3 +52,10 @@ def test_the_servers_own_lines_go_through_the_platforms_handler():
     config = serve.log_config()
     assert config["loggers"]["_granian"]["handlers"] == ["console"]
     assert config["loggers"]["granian.access"]["level"] == "WARNING"  # gpushare.request logs each request
+
+
+def test_the_directory_made_by_a_test_does_not_outlive_it():
+    """Runs after the one above (file order): its environment is as it was before it."""
+    assert not os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").startswith(
+        os.path.join(tempfile.gettempdir(), "gpushare-web")
+    )
