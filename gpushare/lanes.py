@@ -6,8 +6,8 @@ htmx, login lockouts (axes) and static files. A request to ``/api/`` that carrie
 alone says who calls (``accounts.authentication``; DRF tries it first and a bad token is a 401,
 never a fall back to a session), a browser cannot send that header to another site without
 asking first (CORS), so there is nothing for CSRF to guard, and ``/api/`` serves no static file.
-Each of those layers still cost its call on every such request: ~0.3 ms of the ~1.4 ms of CPU
-that ``GET /api/v1/`` took in-process on the bench machine (docs/benchmarks.md, Session 15).
+Each of those layers still cost its call on every such request: ~0.1-0.2 ms of the ~1.2 ms of
+CPU that ``GET /api/v1/`` took in-process on the bench machine (docs/benchmarks.md, Session 15).
 
 So the process holds two Django handlers built from the one ordered list: the whole of it, and
 the same without ``settings.BROWSER_ONLY_MIDDLEWARE``. Everything else a response gets is kept on

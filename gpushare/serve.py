@@ -33,14 +33,21 @@ def _bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m gpushare.serve", description=__doc__.split("\n\n")[0])
+    # String defaults go through ``type`` as flags do: a bad WEB_* value is a usage error naming the option.
     p.add_argument("--bind", type=_bind, default=env("WEB_BIND", "0.0.0.0:8000"), help="HOST:PORT (WEB_BIND)")
-    p.add_argument("--workers", type=int, default=int(env("WEB_CONCURRENCY", "3")), help="processes")
-    p.add_argument("--threads", type=int, default=int(env("WEB_THREADS", "4")), help="threads per process")
-    p.add_argument("--backlog", type=int, default=int(env("WEB_BACKLOG", "2048")))
-    p.add_argument("--graceful-timeout", type=int, default=int(env("WEB_GRACEFUL_TIMEOUT", "30")))
+    p.add_argument("--workers", type=_positive, default=env("WEB_CONCURRENCY", "3"), help="processes")
+    p.add_argument("--threads", type=_positive, default=env("WEB_THREADS", "4"), help="threads per process")
+    p.add_argument("--backlog", type=_positive, default=env("WEB_BACKLOG", "2048"))
+    p.add_argument("--graceful-timeout", type=_positive, default=env("WEB_GRACEFUL_TIMEOUT", "30"))
     return p
 
 
@@ -80,8 +87,6 @@ def _level(name: str):
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    if args.workers < 1 or args.threads < 1:
-        parser().error("--workers and --threads must be at least 1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
     created = metrics_dir()
     from granian import Granian
