@@ -1,10 +1,11 @@
 """The platform's Prometheus series (prometheus-client), and how a scrape collects them.
 
-Web requests are counted by django-prometheus' middleware (``django_http_*``:
-by view, method and status, latency histograms by view). This module adds:
+Every series the platform's processes export, and how a scrape collects them:
 
 | series | type | labels | what |
 |---|---|---|---|
+| ``django_http_responses_total_by_status_view_method_total`` | counter | status, view, method | web responses |
+| ``django_http_requests_latency_seconds_by_view_method`` | histogram | view, method | web request time |
 | ``gpushare_celery_tasks_total`` | counter | task, outcome | tasks run by the worker: succeeded, failed, retried |
 | ``gpushare_celery_task_seconds`` | histogram | task | task run time |
 | ``gpushare_celery_queue_messages`` | gauge | queue | messages waiting in each queue (platform, node.*) |
@@ -39,6 +40,24 @@ TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 LAG_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600)
 PLACEMENT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
+# The web's two series, under the names and labels django-prometheus gave them (dashboards and alerts read
+# them), recorded by the request's own middleware (``observability.middleware``: ``web_request_observe``).
+# django-prometheus' two middlewares recorded twelve series a request, of which these two were read:
+# 0.05-0.07 ms of a submit's ~1.8 ms of CPU in the web process.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 25, 50, 75, float("inf"))
+WEB_RESPONSES = Counter(
+    "django_http_responses_total_by_status_view_method",
+    "Count of responses by status, view, method.",
+    ["status", "view", "method"],
+)
+WEB_LATENCY = Histogram(
+    "django_http_requests_latency_seconds_by_view_method",
+    "Histogram of request processing time labelled by view.",
+    ["view", "method"],
+    buckets=LATENCY_BUCKETS,
+)
+# A method outside these is counted as one label value: a client cannot grow the series with made-up verbs.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 TASKS = Counter("gpushare_celery_tasks", "Celery tasks run, by outcome.", ["task", "outcome"])
 TASK_SECONDS = Histogram("gpushare_celery_task_seconds", "Celery task run time.", ["task"], buckets=TASK_BUCKETS)
 PASS_SECONDS = Histogram("gpushare_scheduler_pass_seconds", "Duration of one scheduling pass.", buckets=TASK_BUCKETS)
@@ -58,6 +77,14 @@ STRIPE_REFUSED = Counter("gpushare_stripe_webhook_refused", "Stripe webhook even
 
 
 # --- hooks called by the services ------------------------------------------------------
+
+
+def web_request_observe(*, view: str | None, method: str, status: int, seconds: float) -> None:
+    """A web response: its view's route name ("<unnamed view>" where no route matched), the method and status."""
+    view = view or "<unnamed view>"
+    method = method if method in HTTP_METHODS else "<invalid method>"
+    WEB_RESPONSES.labels(str(status), view, method).inc()
+    WEB_LATENCY.labels(view, method).observe(seconds)
 
 
 def scheduler_pass_observe(result) -> None:

@@ -8,7 +8,9 @@ carry it, with the tenant (bound when a token authenticates) and the job
 has the method, path, status, duration and user: the web server's
 access log is off: it knows none of these. The duration is also sent back, as
 ``Server-Timing: app;dur=<ms>`` (browsers' developer tools show it; a client
-that sees a slow call can tell the server's part from the network's).
+that sees a slow call can tell the server's part from the network's), and
+counted in the web's Prometheus series (``metrics.web_request_observe``: by
+route, method and status, and the duration by route and method).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import uuid
 
 from .context import log_context, log_context_bind, log_context_scope
+from .metrics import web_request_observe
 
 log = logging.getLogger("gpushare.request")
 
@@ -36,7 +39,15 @@ class RequestContextMiddleware:
         started = time.perf_counter()
         with log_context_scope(request_id=request_id):
             response = self.get_response(request)
-            elapsed_ms = (time.perf_counter() - started) * 1000
+            elapsed = time.perf_counter() - started
+            elapsed_ms = elapsed * 1000
+            match = getattr(request, "resolver_match", None)
+            web_request_observe(
+                view=getattr(match, "view_name", None),
+                method=request.method,
+                status=response.status_code,
+                seconds=elapsed,
+            )
             response["X-Request-ID"] = request_id
             response["Server-Timing"] = f"app;dur={elapsed_ms:.1f}"
             portal = getattr(request, "portal", None)

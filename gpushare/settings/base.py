@@ -66,8 +66,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "gpushare.after_response.AfterResponseMiddleware",  # kicks to workers wait for the response, not it for them
     "gpushare.observability.health.OpsEndpointsMiddleware",  # /healthz /readyz /metrics: before host checks
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "gpushare.observability.middleware.RequestContextMiddleware",
+    "gpushare.observability.middleware.RequestContextMiddleware",  # + the web's Prometheus series
     "django.middleware.security.SecurityMiddleware",
     "gpushare.csp.CachedCSPMiddleware",  # django-csp, its plain headers built once
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -79,7 +78,6 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "gpushare.api.ApiBodyLimitMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
     "gpushare.api_edges.ApiExceptionMiddleware",
     "axes.middleware.AxesMiddleware",  # keep last: turns a locked-out login into the lockout page
 ]

@@ -181,3 +181,20 @@ def test_concurrent_requests_with_one_key_create_one_job(live_server, transactio
     assert sorted(code for code, _ in answers) == [200] * 7 + [201], answers
     assert len({job_id for _, job_id in answers}) == 1
     assert len(_jobs(tenant)) == 1
+
+
+def test_a_request_digest_is_the_one_keys_stored_before_were_checked_against():
+    """The digest is part of what a key stores for 24 h: a retry across an upgrade must still match."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from scheduler.api.idempotency import request_hash
+    from scheduler.services import JobSpec
+
+    spec = JobSpec(
+        kind="inference", gpu_milli=250, command=["python", "-c", "print(1)"], env={"B": "2", "A": "1"}, name="n"
+    )
+    before = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"), default=str)
+    assert request_hash(spec) == hashlib.sha256(before.encode()).hexdigest()
+    assert request_hash(spec) != request_hash(JobSpec(kind="inference", gpu_milli=250, command=["python"]))

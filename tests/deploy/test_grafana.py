@@ -1,5 +1,5 @@
 """The Grafana dashboards in deploy/grafana are what their generator writes, and every series
-their queries read is one the running code exports (platform, django-prometheus, gateway, agent)."""
+their queries read is one the running code exports (platform, gateway, agent)."""
 
 from __future__ import annotations
 
@@ -34,14 +34,12 @@ def names_of(registry) -> set[str]:
 
 
 def exported_series() -> set[str]:
-    from django_prometheus.middleware import Metrics
     from prometheus_client import REGISTRY, CollectorRegistry
 
     import gpushare.observability.metrics as platform
     from agents.agent.metrics import AgentMetrics
     from endpoints.gateway_metrics import GatewayMetrics
 
-    Metrics.get_instance()  # django-prometheus registers its django_http_* series
     names = names_of(REGISTRY) | {"gpushare_celery_queue_messages"}  # read from the broker at scrape time
     names |= names_of(GatewayMetrics(SimpleNamespace(table={}, traffic={})).registry)
     agent = SimpleNamespace(
