@@ -38,7 +38,7 @@ from accounts.selectors import LIMITS_COLUMNS, limits_all, limits_for, limits_fr
 from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
-from gpushare.prepared import ServerStatement
+from gpushare.prepared import ServerStatement, model_columns
 from scheduler.admission import TenantCaps
 from scheduler.counts import tenant_counts_sql
 from scheduler.models import OPEN_STATES, Job, JobArray, JobState, PriorityClass
@@ -289,6 +289,19 @@ def limits_and_job_counts(tenant: Tenant) -> tuple[Limits, int, int]:
         _limits_and_counts(_vendor()).execute(cursor, limits_params(tenant))
         row = cursor.fetchone()
     return limits_from_row(row), row[LIMITS_COLUMNS], row[LIMITS_COLUMNS + 1]
+
+
+@functools.cache
+def tenant_limits_and_counts_statement() -> ServerStatement:
+    """PostgreSQL: the tenant's row (``model_columns(Tenant)``), then its limits (``limits_sql``) and job
+    counts, in one statement: what a submit reads right after it took the admission locks
+    (``admission.services``: sent with them in one round trip)."""
+    columns, tables = limits_sql()
+    tenant = ", ".join(f"t.{connection.ops.quote_name(name)}" for name in model_columns(Tenant))
+    return ServerStatement(
+        f"SELECT {tenant}, {columns}, counts.open, counts.queued FROM {Tenant._meta.db_table} t "
+        f"CROSS JOIN {tables} CROSS JOIN ({_JOB_COUNTS_SQL['postgresql']}) AS counts WHERE t.id = %(tenant)s"
+    )
 
 
 @acts_for_tenant

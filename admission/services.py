@@ -38,13 +38,13 @@ from accounts.limits import (
     size_refusal,
 )
 from accounts.models import AuditLog, Plan, RunningJobsPolicy, Tenant, TenantMonthUsage, TenantQuota
-from accounts.selectors import limits_for
+from accounts.selectors import limits_for, limits_from_row, limits_params
 from accounts.services import audit_record
 from accounts.services.tenants import running_jobs_stop
 from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
-from gpushare.prepared import ServerStatement, model_columns, model_from_row
+from gpushare.prepared import ServerStatement, execute_in_turn, model_columns, model_from_row
 from scheduler.admission import JobAsk
 from scheduler.services import AdmitAgain, JobError
 from webhooks import emit as webhook_emit
@@ -85,6 +85,38 @@ def _tenant_locked(tenant_id: int, *, exact: bool) -> Tenant:
     if row is None:
         raise Tenant.DoesNotExist(f"no tenant {tenant_id}")
     return model_from_row(Tenant, row)
+
+
+@functools.cache
+def _admission_lock_statement(exact: bool) -> ServerStatement:
+    """The admission locks alone (as ``_tenant_locked_statement``'s), for a read sent after them."""
+    function = "pg_advisory_xact_lock" if exact else "pg_advisory_xact_lock_shared"
+    return ServerStatement(
+        f"SELECT {function}(%(space)s::integer, %(tenant)s::integer) FROM {Tenant._meta.db_table} t "
+        "WHERE t.id = %(tenant)s FOR SHARE OF t"
+    )
+
+
+def _tenant_locked_with_limits(tenant: Tenant, *, exact: bool) -> tuple[Tenant, Limits, int, int]:
+    """``_tenant_locked``, then the tenant's limits and open and queued job counts read under the locks:
+    (the tenant's newest row, limits, open, queued). On PostgreSQL the two statements go in one round trip
+    (``execute_in_turn``): the read is a statement of its own, whose snapshot is taken once the locks are
+    granted, so it sees every admission that committed while this one waited, and the tenant's row as its
+    lock left it (a suspension that committed meanwhile is seen)."""
+    if connection.vendor != "postgresql":
+        locked = _tenant_locked(tenant.pk, exact=exact)
+        return locked, *selectors.limits_and_job_counts(locked)
+    params = {"space": ADMISSION_LOCK, **limits_params(tenant)}
+    with connection.cursor() as cursor:
+        execute_in_turn(
+            cursor,
+            [(_admission_lock_statement(exact), params), (selectors.tenant_limits_and_counts_statement(), params)],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Tenant.DoesNotExist(f"no tenant {tenant.pk}")
+    width = len(model_columns(Tenant))
+    return model_from_row(Tenant, row), limits_from_row(row[width:]), row[-2], row[-1]
 
 
 _in_flight_bound: int | None = None
@@ -175,14 +207,13 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     Order: state, size (can it ever fit), open and queued job counts, the month's GPU-hours
     and spend, then the money hold: the jobs' max cost must fit in what the budget has left
     after what is spent and what open holds reserve. A replica (``ask.endpoint_id``) is covered
-    by its endpoint's hold. Two statements before any usage or hold: the locks, then the limits
-    and counts under them.
+    by its endpoint's hold. Two statements before any usage or hold, in one round trip: the locks,
+    then the limits and counts under them.
     """
     exact = _exact_hinted(tenant, ask)
-    locked = _tenant_locked(tenant.pk, exact=exact)
+    locked, limits, open_jobs, queued = _tenant_locked_with_limits(tenant, exact=exact)
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
-    limits, open_jobs, queued = selectors.limits_and_job_counts(locked)
     _limits_last[locked.pk] = (limits, time.monotonic())
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
     if not exact and _money_held(limits, ask):

@@ -161,11 +161,40 @@ class ServerStatement:
         if self.name not in prepared:
             cursor.execute(f"PREPARE {self.name} AS {self._server_sql}")
             prepared.add(self.name)
+        values = self.values(params)
+        arguments = f" ({', '.join(['%s'] * len(values))})" if values else ""
+        cursor.execute(f"EXECUTE {self.name}{arguments}", values)
+
+    def values(self, params: list | tuple | Mapping) -> list:
+        """``params`` in the order of the server-side statement's ``$n`` placeholders."""
         values = [params[k] for k in self._order] if isinstance(params, Mapping) else list(params)
         if len(values) != len(self._order):
             raise ValueError(f"{self.name}: {len(self._order)} values expected, {len(values)} given")
-        arguments = f" ({', '.join(['%s'] * len(values))})" if values else ""
-        cursor.execute(f"EXECUTE {self.name}{arguments}", values)
+        return values
+
+
+def execute_in_turn(cursor, statements: list[tuple[ServerStatement, list | tuple | Mapping]]) -> None:
+    """Run ``statements`` (each with its values) one after another in one round trip to the server; fetch the
+    last one's rows as usual (the others' are discarded). Each still runs as a statement of its own: under
+    READ COMMITTED each takes its own snapshot when it starts, so a statement after one that waited for a
+    lock sees what committed meanwhile, as it would if sent on its own. PostgreSQL with server-side
+    statements: ``EXECUTE a(...); EXECUTE b(...)`` (each prepared first if this connection has not yet);
+    elsewhere one statement at a time."""
+    db = cursor.db
+    if db.vendor != "postgresql" or not settings.GPUSHARE["DB_SERVER_PREPARED"]:
+        for statement, params in statements:
+            statement.execute(cursor, params)
+        return
+    prepared = db.__dict__.setdefault("gpushare_prepared", set())
+    texts, values = [], []
+    for statement, params in statements:
+        if statement.name not in prepared:
+            cursor.execute(f"PREPARE {statement.name} AS {statement._server_sql}")
+            prepared.add(statement.name)
+        given = statement.values(params)
+        texts.append(f"EXECUTE {statement.name}" + (f" ({', '.join(['%s'] * len(given))})" if given else ""))
+        values.extend(given)
+    cursor.execute("; ".join(texts), values)
 
 
 def _forget_prepared(sender, connection, **kwargs) -> None:

@@ -200,7 +200,7 @@ def test_a_spend_limit_set_since_the_last_look_sends_the_submit_down_the_exact_p
     assert tenant.pk not in admission_services._limits_last  # this process's own change drops its hint
     admission_services._limits_last[tenant.pk] = hint  # as if set by another process: this one's hint is stale
 
-    shared, exclusive = (admission_services._tenant_locked_statement(exact).name for exact in (False, True))
+    shared, exclusive = (admission_services._admission_lock_statement(exact).name for exact in (False, True))
     with CaptureQueriesContext(connection) as queries:
         job_submit(tenant=tenant, user=None, spec=SPEC)
     locks = [
@@ -231,3 +231,45 @@ def test_a_limit_already_passed_refuses_with_the_rule_on_the_shared_path_too(ten
     with pytest.raises(JobError) as refused, transaction.atomic():
         job_submit(tenant=tenant, user=None, spec=SPEC)
     assert refused.value.code == "quota_exceeded" and f"max_open_jobs is {3 * bound}" in str(refused.value)
+
+
+def test_a_submit_that_waited_for_the_lock_counts_the_job_committed_meanwhile(tenant):
+    """The read under the locks is sent with them in one round trip, but is a statement of its own: its
+    snapshot is taken once the locks are granted, so the job the first submit committed meanwhile counts."""
+    quota_set(tenant=tenant, actor=None, max_open_jobs=1)
+    with HeldSubmit(tenant) as first:
+        _, done, outcome = second_submit(tenant)
+        assert not done.wait(1.5), "a submit at the open-jobs limit did not wait for the one in flight"
+        first.release()
+        assert done.wait(20)
+    assert isinstance(outcome[0], JobError) and outcome[0].code == "quota_exceeded", outcome
+    assert "max_open_jobs" in str(outcome[0])
+    assert open_jobs(tenant) == 1
+
+
+def test_a_suspension_committed_while_a_submit_waited_refuses_it(tenant):
+    """A suspension locks the tenant's row; a submit waiting on it reads the row the suspension left."""
+    from accounts.models import Tenant
+
+    suspended, release = threading.Event(), threading.Event()
+
+    def suspend():
+        try:
+            with transaction.atomic(), scopes_disabled():
+                Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+                Tenant.objects.filter(pk=tenant.pk).update(state=Tenant.State.SUSPENDED)
+                suspended.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    suspender = threading.Thread(target=suspend, daemon=True)
+    suspender.start()
+    assert suspended.wait(20)
+    _, done, outcome = second_submit(tenant)
+    assert not done.wait(1.5), "a submit did not wait for the suspension holding the tenant's row"
+    release.set()
+    suspender.join(20)
+    assert done.wait(20)
+    assert isinstance(outcome[0], JobError) and outcome[0].code == "forbidden", outcome
+    assert open_jobs(tenant) == 0

@@ -153,3 +153,32 @@ def test_a_statement_mixing_placeholder_kinds_is_refused():
 
     with pytest.raises(ValueError, match="all %s or all"):
         ServerStatement("SELECT %s, %(a)s")
+
+
+def test_statements_in_turn_go_in_one_round_trip_and_answer_the_last_ones_rows(settings):
+    """``execute_in_turn``: each prepared once, then one ``EXECUTE a; EXECUTE b`` with every value; with
+    server-side statements off, each text on its own."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gpushare.prepared import ServerStatement, execute_in_turn
+
+    first = ServerStatement("SELECT %(a)s::integer")
+    second = ServerStatement("SELECT %(a)s::integer + %(b)s::integer, 'x'")
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        execute_in_turn(cursor, [(first, {"a": 1}), (second, {"a": 2, "b": 3})])
+        assert cursor.fetchall() == [(5, "x")]
+        execute_in_turn(cursor, [(first, {"a": 4}), (second, {"a": 5, "b": 6})])
+        assert cursor.fetchall() == [(11, "x")]
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert sent[0].startswith(f"PREPARE {first.name} AS ") and sent[1].startswith(f"PREPARE {second.name} AS ")
+    assert sent[2:] == [
+        f"EXECUTE {first.name} (1); EXECUTE {second.name} (2, 3)",
+        f"EXECUTE {first.name} (4); EXECUTE {second.name} (5, 6)",
+    ]
+
+    settings.GPUSHARE = {**settings.GPUSHARE, "DB_SERVER_PREPARED": False}
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        execute_in_turn(cursor, [(first, {"a": 7}), (second, {"a": 1, "b": 1})])
+        assert cursor.fetchall() == [(2, "x")]
+    assert [q["sql"] for q in queries.captured_queries] == ["SELECT 7::integer", "SELECT 1::integer + 1::integer, 'x'"]
