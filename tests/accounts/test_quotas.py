@@ -194,36 +194,36 @@ def test_budgets_enforce_alerts_once_and_stops_running_jobs(
 
 
 def test_admission_costs_a_fixed_number_of_queries(rules, tenant, django_assert_num_queries):
-    """Take the admission lock and share-lock the tenant (one statement), read quota, plan, the default
-    plan and the open and queued counts under them (one), the month's cached totals, sum the windows after
-    them, then the money hold: the price list, the open jobs' sizes with their metered amounts, the arrays
-    whose tasks are not made yet, the live endpoints: 8 queries, however many jobs, arrays and usage
-    windows the tenant has."""
+    """Take the admission lock and share-lock the tenant (one statement), then read the tenant, quota,
+    plan, the default plan and the open and queued counts under them (another, sent with the first in one
+    round trip), the month's cached totals, sum the windows after them, then the money hold: the price list,
+    the open jobs' sizes with their metered amounts, the arrays whose tasks are not made yet, the live
+    endpoints: 7 round trips, however many jobs, arrays and usage windows the tenant has."""
     quota_set(tenant=tenant, actor=None, max_open_jobs=100, monthly_spend_limit=Decimal(1000))
     for _ in range(5):
         usage_add(tenant, amount="1.00", job=submit(tenant))
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(7):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
 def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, django_assert_num_queries, monkeypatch):
     """No budget: take the admission lock (shared: far from the limits, as what this process read at its
     last submit says, so no look of its own) and share-lock the tenant in one statement, then read the
-    limits and count the open and queued jobs under them in another; no usage, no holds. A process that
-    has not read the tenant yet looks once more, before the lock."""
+    limits and count the open and queued jobs under them in another, both in one round trip; no usage, no
+    holds. A process that has not read the tenant yet looks once more, before the lock."""
     quota_set(tenant=tenant, actor=None, max_dedicated_gpus=4)
     for _ in range(5):
         submit(tenant)
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(1):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
     admission_services._counts_last.pop(tenant.pk)
-    with django_assert_num_queries(3):
-        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
     with django_assert_num_queries(2):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+    with django_assert_num_queries(1):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
     # Limits read longer ago than the hint lasts (another process may have changed them) are looked at again.
     monkeypatch.setattr(admission_services, "LIMITS_HINT_S", 0.0)
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(2):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 
