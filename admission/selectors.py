@@ -38,7 +38,7 @@ from accounts.selectors import LIMITS_COLUMNS, limits_all, limits_for, limits_fr
 from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
-from gpushare.prepared import ServerStatement, model_columns
+from gpushare.prepared import ServerStatement, model_columns_sql
 from scheduler.admission import TenantCaps
 from scheduler.counts import tenant_counts_sql
 from scheduler.models import OPEN_STATES, Job, JobArray, JobState, PriorityClass
@@ -297,9 +297,9 @@ def tenant_limits_and_counts_statement() -> ServerStatement:
     counts, in one statement: what a submit reads right after it took the admission locks
     (``admission.services``: sent with them in one round trip)."""
     columns, tables = limits_sql()
-    tenant = ", ".join(f"t.{connection.ops.quote_name(name)}" for name in model_columns(Tenant))
     return ServerStatement(
-        f"SELECT {tenant}, {columns}, counts.open, counts.queued FROM {Tenant._meta.db_table} t "
+        f"SELECT {model_columns_sql(Tenant, 't')}, {columns}, counts.open, counts.queued "
+        f"FROM {Tenant._meta.db_table} t "
         f"CROSS JOIN {tables} CROSS JOIN ({_JOB_COUNTS_SQL['postgresql']}) AS counts WHERE t.id = %(tenant)s"
     )
 

@@ -44,7 +44,7 @@ from accounts.services.tenants import running_jobs_stop
 from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
-from gpushare.prepared import ServerStatement, execute_in_turn, model_columns, model_from_row
+from gpushare.prepared import ServerStatement, execute_in_turn, model_columns, model_columns_sql, model_from_row
 from scheduler.admission import JobAsk
 from scheduler.services import AdmitAgain, JobError
 from webhooks import emit as webhook_emit
@@ -56,11 +56,13 @@ ADMISSION_LOCK = 0x6F70_656E  # "open": advisory lock namespace, (this, tenant i
 
 
 @functools.cache
-def _tenant_locked_statement(exact: bool) -> ServerStatement:
+def _tenant_locked_statement(exact: bool, *, row: bool = True) -> ServerStatement:
+    """The admission locks (``_tenant_locked``); ``row``: answering the tenant's row, else nothing (the locks
+    alone, for a read sent after them)."""
     function = "pg_advisory_xact_lock" if exact else "pg_advisory_xact_lock_shared"
-    columns = ", ".join(f"t.{connection.ops.quote_name(name)}" for name in model_columns(Tenant))
+    columns = f"{model_columns_sql(Tenant, 't')}, " if row else ""
     return ServerStatement(
-        f"SELECT {columns}, {function}(%(space)s::integer, %(tenant)s::integer) FROM {Tenant._meta.db_table} t "
+        f"SELECT {columns}{function}(%(space)s::integer, %(tenant)s::integer) FROM {Tenant._meta.db_table} t "
         "WHERE t.id = %(tenant)s FOR SHARE OF t"
     )
 
@@ -87,16 +89,6 @@ def _tenant_locked(tenant_id: int, *, exact: bool) -> Tenant:
     return model_from_row(Tenant, row)
 
 
-@functools.cache
-def _admission_lock_statement(exact: bool) -> ServerStatement:
-    """The admission locks alone (as ``_tenant_locked_statement``'s), for a read sent after them."""
-    function = "pg_advisory_xact_lock" if exact else "pg_advisory_xact_lock_shared"
-    return ServerStatement(
-        f"SELECT {function}(%(space)s::integer, %(tenant)s::integer) FROM {Tenant._meta.db_table} t "
-        "WHERE t.id = %(tenant)s FOR SHARE OF t"
-    )
-
-
 def _tenant_locked_with_limits(tenant: Tenant, *, exact: bool) -> tuple[Tenant, Limits, int, int]:
     """``_tenant_locked``, then the tenant's limits and open and queued job counts read under the locks:
     (the tenant's newest row, limits, open, queued). On PostgreSQL the two statements go in one round trip
@@ -110,7 +102,10 @@ def _tenant_locked_with_limits(tenant: Tenant, *, exact: bool) -> tuple[Tenant, 
     with connection.cursor() as cursor:
         execute_in_turn(
             cursor,
-            [(_admission_lock_statement(exact), params), (selectors.tenant_limits_and_counts_statement(), params)],
+            [
+                (_tenant_locked_statement(exact, row=False), params),
+                (selectors.tenant_limits_and_counts_statement(), params),
+            ],
         )
         row = cursor.fetchone()
     if row is None:

@@ -153,17 +153,19 @@ class ServerStatement:
 
     def execute(self, cursor, params: list | tuple | Mapping) -> None:
         """Run it on ``cursor`` (a Django cursor) with ``params``; fetch as usual."""
-        db = cursor.db  # this thread's connection (``django.db.connection`` is only a proxy to it)
-        if db.vendor != "postgresql" or not settings.GPUSHARE["DB_SERVER_PREPARED"]:
+        if not server_side(cursor):
             cursor.execute(self.sql, params)
             return
-        prepared = db.__dict__.setdefault("gpushare_prepared", set())
+        self.prepare(cursor)
+        values = self.values(params)
+        cursor.execute(self.execute_sql(values), values)
+
+    def prepare(self, cursor) -> None:
+        """``PREPARE`` it on ``cursor``'s connection, unless that connection has already."""
+        prepared = cursor.db.__dict__.setdefault("gpushare_prepared", set())
         if self.name not in prepared:
             cursor.execute(f"PREPARE {self.name} AS {self._server_sql}")
             prepared.add(self.name)
-        values = self.values(params)
-        arguments = f" ({', '.join(['%s'] * len(values))})" if values else ""
-        cursor.execute(f"EXECUTE {self.name}{arguments}", values)
 
     def values(self, params: list | tuple | Mapping) -> list:
         """``params`` in the order of the server-side statement's ``$n`` placeholders."""
@@ -172,27 +174,34 @@ class ServerStatement:
             raise ValueError(f"{self.name}: {len(self._order)} values expected, {len(values)} given")
         return values
 
+    def execute_sql(self, values: list) -> str:
+        """The ``EXECUTE`` of it, with a placeholder for each of ``values``."""
+        return f"EXECUTE {self.name} ({', '.join(['%s'] * len(values))})" if values else f"EXECUTE {self.name}"
+
+
+def server_side(cursor) -> bool:
+    """Whether statements run on ``cursor``'s connection as prepared ones (PostgreSQL, unless
+    ``DB_SERVER_PREPARED`` is off); ``cursor.db`` is this thread's connection (``django.db.connection``
+    is only a proxy to it)."""
+    return cursor.db.vendor == "postgresql" and settings.GPUSHARE["DB_SERVER_PREPARED"]
+
 
 def execute_in_turn(cursor, statements: list[tuple[ServerStatement, list | tuple | Mapping]]) -> None:
     """Run ``statements`` (each with its values) one after another in one round trip to the server; fetch the
     last one's rows as usual (the others' are discarded). Each still runs as a statement of its own: under
     READ COMMITTED each takes its own snapshot when it starts, so a statement after one that waited for a
-    lock sees what committed meanwhile, as it would if sent on its own. PostgreSQL with server-side
-    statements: ``EXECUTE a(...); EXECUTE b(...)`` (each prepared first if this connection has not yet);
-    elsewhere one statement at a time."""
-    db = cursor.db
-    if db.vendor != "postgresql" or not settings.GPUSHARE["DB_SERVER_PREPARED"]:
+    lock sees what committed meanwhile, as it would if sent on its own. With server-side statements:
+    ``EXECUTE a(...); EXECUTE b(...)`` (each prepared first if this connection has not yet); elsewhere one
+    statement at a time."""
+    if not server_side(cursor):
         for statement, params in statements:
             statement.execute(cursor, params)
         return
-    prepared = db.__dict__.setdefault("gpushare_prepared", set())
     texts, values = [], []
     for statement, params in statements:
-        if statement.name not in prepared:
-            cursor.execute(f"PREPARE {statement.name} AS {statement._server_sql}")
-            prepared.add(statement.name)
+        statement.prepare(cursor)
         given = statement.values(params)
-        texts.append(f"EXECUTE {statement.name}" + (f" ({', '.join(['%s'] * len(given))})" if given else ""))
+        texts.append(statement.execute_sql(given))
         values.extend(given)
     cursor.execute("; ".join(texts), values)
 
@@ -207,6 +216,11 @@ connection_created.connect(_forget_prepared)
 def model_columns(model) -> list[str]:
     """The columns, in order, that :func:`model_from_row` reads a ``model`` instance from."""
     return [f.column for f in model._meta.concrete_fields]
+
+
+def model_columns_sql(model, alias: str) -> str:
+    """:func:`model_columns`, quoted and qualified by the table's ``alias``: a select list for ``model_from_row``."""
+    return ", ".join(f"{alias}.{connection.ops.quote_name(name)}" for name in model_columns(model))
 
 
 @functools.cache

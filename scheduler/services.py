@@ -21,7 +21,7 @@ from accounts.tenancy import acts_for_tenant, tenant_scope
 from agents.agent.imageref import image_check
 from agents.models import Node
 from gpushare.after_response import after_response
-from gpushare.prepared import ServerStatement, columns_sql, insert_values, inserted, model_columns, model_from_row
+from gpushare.prepared import ServerStatement, columns_sql, insert_values, inserted, model_columns_sql, model_from_row
 from webhooks import emit as webhook_emit
 
 from . import admission
@@ -130,7 +130,7 @@ def rules_unchanged_sql() -> str:
 
 @functools.cache
 def _priority_statement() -> ServerStatement:
-    columns = ", ".join(f"c.{connection.ops.quote_name(name)}" for name in model_columns(PriorityClass))
+    columns = model_columns_sql(PriorityClass, "c")
     return ServerStatement(
         f"""SELECT {columns},
                    COALESCE((SELECT s.default_max_runtime_s FROM {SchedulerSettings._meta.db_table} s WHERE s.id = 1),

@@ -200,7 +200,7 @@ def test_a_spend_limit_set_since_the_last_look_sends_the_submit_down_the_exact_p
     assert tenant.pk not in admission_services._limits_last  # this process's own change drops its hint
     admission_services._limits_last[tenant.pk] = hint  # as if set by another process: this one's hint is stale
 
-    shared, exclusive = (admission_services._admission_lock_statement(exact).name for exact in (False, True))
+    shared, exclusive = (admission_services._tenant_locked_statement(exact, row=False).name for exact in (False, True))
     with CaptureQueriesContext(connection) as queries:
         job_submit(tenant=tenant, user=None, spec=SPEC)
     locks = [
