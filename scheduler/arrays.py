@@ -16,6 +16,7 @@ message that says so: not supported yet.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_TASKS = 10_000
@@ -30,7 +31,9 @@ class ArrayError(ValueError):
 
 @dataclass(frozen=True)
 class ArraySpec:
-    indices: tuple[int, ...]
+    # In the order given: a ``range`` for a count or one ``A-B[:S]`` item (the common forms, checked and
+    # counted without listing 1,000 numbers on the submit path), else a tuple.
+    indices: Sequence[int]
     expression: str  # normalised: what was asked, as stored and shown
 
     @property
@@ -52,7 +55,7 @@ def array_parse(value) -> ArraySpec:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ArrayError("array.count is a whole number of tasks, at least 1")
         _check_count(count)
-        return ArraySpec(indices=tuple(range(count)), expression=f"0-{count - 1}" if count > 1 else "0")
+        return ArraySpec(indices=range(count), expression=f"0-{count - 1}" if count > 1 else "0")
     return range_parse(value["range"])
 
 
@@ -62,8 +65,8 @@ def range_parse(text) -> ArraySpec:
         raise ArrayError('array.range is a string such as "1-1000", "0-99:2" or "1,3,5-7"')
     if "%" in text:
         raise ArrayError("a %N throttle (tasks running at once) is not supported yet: leave it out")
-    indices: list[int] = []
-    seen: set[int] = set()
+    items: list[range] = []
+    total = 0
     for item in text.replace(" ", "").split(","):
         match = _ITEM.match(item)
         if not match:
@@ -77,10 +80,17 @@ def range_parse(text) -> ArraySpec:
             raise ArrayError(f"'{item}': the step is at least 1")
         if end > MAX_INDEX:
             raise ArrayError(f"'{item}': indices go up to {MAX_INDEX:,}")
-        _check_count(len(indices) + (end - start) // step + 1)
-        for index in range(start, end + 1, step):
-            if index in seen:
-                raise ArrayError(f"index {index} is given twice")
-            seen.add(index)
-            indices.append(index)
-    return ArraySpec(indices=tuple(indices), expression=text.replace(" ", ""))
+        items.append(range(start, end + 1, step))
+        total += len(items[-1])
+        _check_count(total)
+    expression = text.replace(" ", "")
+    if len(items) == 1:
+        return ArraySpec(indices=items[0], expression=expression)
+    indices: list[int] = []
+    seen: set[int] = set()
+    for index in (i for item in items for i in item):
+        if index in seen:
+            raise ArrayError(f"index {index} is given twice")
+        seen.add(index)
+        indices.append(index)
+    return ArraySpec(indices=tuple(indices), expression=expression)

@@ -33,10 +33,14 @@ def tasks_of(array_id: int) -> list[Job]:
         ({"range": "0-9:3"}, (0, 3, 6, 9)),
         ({"range": "1,3,5-7"}, (1, 3, 5, 6, 7)),
         ({"range": "7"}, (7,)),
+        ({"range": "0-9999"}, tuple(range(10_000))),
+        ({"range": "3-9:7,1,20-30:5"}, (3, 1, 20, 25, 30)),  # 3-9:7 stops before 9; the order as given
     ],
 )
 def test_grammar(value, indices):
-    assert array_parse(value).indices == indices
+    spec = array_parse(value)
+    assert tuple(spec.indices) == indices
+    assert spec.count == len(indices)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +57,9 @@ def test_grammar(value, indices):
         {"range": "1-10%2"},
         {"range": "a-b"},
         {"range": "0-99999999"},
+        {"range": "0-10000"},  # 10,001 tasks, one item
+        {"range": "0-4999,5000-10000"},  # 10,001 tasks, two
+        {"range": "0-20:5,10"},  # 10 is in 0-20:5 too
         {"range": 5},
         {"count": 2, "range": "1-2"},
         {"size": 3},
