@@ -11,6 +11,12 @@ and a tenant ``profile`` with queued and finished jobs is created in it).
 
 Prints, per path, the mean wall time per request and pyinstrument's tree.
 docs/benchmarks.md quotes its output before and after the submit work.
+
+``--idle S``: no profiler; each request after ``S`` seconds of idle (as the
+vs-slurm array row measures its call) and again right after, the median wall
+of each and the part of it spent in SQL statements (their round trips; the
+COMMIT is psycopg2's and counts as the rest). On this VM an idle second makes
+the next request's every first touch slow (docs/benchmarks.md, sessions 16-17).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--html", help="also write pyinstrument HTML reports to this folder")
     parser.add_argument(
         "--cpu", action="store_true", help="no profiler: CPU ms per request (this process), best of 5 batches"
+    )
+    parser.add_argument(
+        "--idle", type=float, help="no profiler: each request after this many seconds idle, and right after"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpushare.settings.dev")
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(10):
             call()  # warm up: imports, connections, caches
         n = max(1, args.n // 50) if name == "array" else args.n
+        if args.idle:
+            idle_report(name, call, n=min(n, 30), idle_s=args.idle, fold=counts_fold)
+            continue
         if args.cpu:
             batches, walls = [], []
             for _ in range(5):
@@ -131,6 +143,37 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.html).mkdir(parents=True, exist_ok=True)
             (Path(args.html) / f"{name}.html").write_text(profiler.output_html())
     return 0
+
+
+def idle_report(name: str, call, *, n: int, idle_s: float, fold) -> None:
+    """``n`` calls each after ``idle_s`` idle, each followed by one right after: median wall and SQL time."""
+    from statistics import median
+
+    from django.db import connection
+
+    spent: list[float] = []
+
+    def timed(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent.append(time.perf_counter() - started)
+
+    rows: dict[str, list[tuple[float, float]]] = {"after idle": [], "right after": []}
+    for _ in range(n):
+        fold()
+        for label, pause in (("after idle", idle_s), ("right after", 0.0)):
+            time.sleep(pause)
+            spent.clear()
+            with connection.execute_wrapper(timed):
+                started = time.perf_counter()
+                call()
+                wall = time.perf_counter() - started
+            rows[label].append((wall, sum(spent)))
+    for label, values in rows.items():
+        wall, sql = median(w for w, _ in values) * 1000, median(s for _, s in values) * 1000
+        print(f"{name}, {label} (median of {n}): {wall:.2f} ms wall, {sql:.2f} in SQL, {wall - sql:.2f} the rest")
 
 
 if __name__ == "__main__":
