@@ -273,10 +273,15 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
 
 
 @functools.cache
-def _limits_and_counts(vendor: str) -> ServerStatement:
+def _limits_and_counts(vendor: str, *, tenant_row: bool = False) -> ServerStatement:
+    """The limits and job counts of ``%(tenant)s``; ``tenant_row``: the tenant's row before them."""
     columns, tables = limits_sql()
+    counts = f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
+    if not tenant_row:
+        return ServerStatement(f"SELECT {columns}, counts.open, counts.queued FROM {tables} {counts}")
     return ServerStatement(
-        f"SELECT {columns}, counts.open, counts.queued FROM {tables} CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
+        f"SELECT {model_columns_sql(Tenant, 't')}, {columns}, counts.open, counts.queued "
+        f"FROM {Tenant._meta.db_table} t CROSS JOIN {tables} {counts} WHERE t.id = %(tenant)s"
     )
 
 
@@ -291,17 +296,11 @@ def limits_and_job_counts(tenant: Tenant) -> tuple[Limits, int, int]:
     return limits_from_row(row), row[LIMITS_COLUMNS], row[LIMITS_COLUMNS + 1]
 
 
-@functools.cache
 def tenant_limits_and_counts_statement() -> ServerStatement:
     """PostgreSQL: the tenant's row (``model_columns(Tenant)``), then its limits (``limits_sql``) and job
     counts, in one statement: what a submit reads right after it took the admission locks
     (``admission.services``: sent with them in one round trip)."""
-    columns, tables = limits_sql()
-    return ServerStatement(
-        f"SELECT {model_columns_sql(Tenant, 't')}, {columns}, counts.open, counts.queued "
-        f"FROM {Tenant._meta.db_table} t "
-        f"CROSS JOIN {tables} CROSS JOIN ({_JOB_COUNTS_SQL['postgresql']}) AS counts WHERE t.id = %(tenant)s"
-    )
+    return _limits_and_counts("postgresql", tenant_row=True)
 
 
 @acts_for_tenant

@@ -1,6 +1,6 @@
 """The platform's Prometheus series (prometheus-client), and how a scrape collects them.
 
-Every series the platform's processes export, and how a scrape collects them:
+The series:
 
 | series | type | labels | what |
 |---|---|---|---|
