@@ -354,6 +354,8 @@ class Agent:
             if command is None:
                 return
             self.handle(command)
+            if not self.link.connected:  # lost while acknowledging it (command_ack)
+                return
             timeout = 0.0
 
     def ensure_connected(self) -> bool:
@@ -389,7 +391,7 @@ class Agent:
                 log.info("an acknowledgement expired while this agent was away; its reports will be re-sent")
             else:
                 self.command_refused(refused)
-            command.ack()
+            self.command_ack(command)
             return
         try:
             if verified.task == LAUNCH:
@@ -402,7 +404,18 @@ class Agent:
                 self.spool.ack(verified.body["seqs"])
         except (KeyError, TypeError, ValueError) as exc:
             log.error("malformed %s command (job %s): %s", verified.task, verified.job_id, exc)
-        command.ack()
+        self.command_ack(command)
+
+    def command_ack(self, command: Command) -> None:
+        """Acknowledge a handled command. A broker lost at this moment is an outage like any other (go
+        offline, spool), not the agent's end: the broker delivers the command again after the reconnect,
+        and handling it twice is safe (a launch already running or finished is ignored, a stop of a
+        stopped job and an acknowledgement change nothing, and a replayed signed command is refused)."""
+        try:
+            command.ack()
+        except Exception as exc:  # noqa: BLE001 - any broker failure: go offline, spool
+            log.warning("broker connection lost acknowledging %s: %s", command.task, exc)
+            self.link.disconnect()
 
     def command_refused(self, refused: CommandRefused) -> None:
         """Log a refused command with its reason and report it (the platform counts them per node)."""

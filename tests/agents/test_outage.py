@@ -132,3 +132,41 @@ def test_an_outage_long_enough_to_down_the_node_ends_with_one_copy_of_the_job(
     )
     assert job.node.name == node
     assert agent.log().count(f"job {job_id} attempt 2 started") == 1
+
+
+def test_a_broker_lost_while_acknowledging_a_command_is_an_outage_not_the_agents_end(redis_proxy, tmp_path):
+    """The CI failure of session 17: the link dropped between receiving a command and acknowledging it, and
+    the acknowledgement's exception ended the agent's process (no windows spooled, no reconnect). Real
+    Redis behind the cuttable proxy, the agent's own link and outbox."""
+    from kombu import Connection
+
+    from agents.agent.brokerconf import broker_options, node_queue
+    from agents.agent.config import AgentConfig
+    from agents.agent.gpus import SimBackend
+    from agents.agent.main import Agent
+    from agents.agent.spool import Spool
+    from agents.agent.transport import BrokerLink
+
+    node = f"ack-cut-{tmp_path.name[-12:]}"
+    url, options = broker_options(redis_proxy.url(_redis_db()), tmp_path, node=node)
+    link = BrokerLink(url=url, transport_options=options, node_name=node)
+    config = AgentConfig(node=node, token="gpn_test", broker_url=url, var_dir=tmp_path)
+    agent = Agent(config, SimBackend("sim:1xH100-80GB", node), link, Spool(tmp_path / "state.sqlite3"))
+    link.connect()
+    with Connection(settings.REDIS_URL) as direct, direct.SimpleQueue(node_queue(node)) as commands:
+        commands.put([[], {"unsigned": True}, {}], headers={"task": "agent.stop"})
+    try:
+        command = link.receive(timeout=5)
+        assert command is not None
+        redis_proxy.cut()
+        agent.handle(command)  # refused (no platform key here), reported, then acknowledged: the link is gone
+        assert not link.connected
+        assert agent.commands_refused == 1
+        assert agent.spool.pending() == 1  # the refusal's report waits in the outbox for the reconnect
+        agent.commands_receive(timeout=0.1)  # offline now: nothing to receive, nothing raised
+        redis_proxy.restore()
+        assert agent.ensure_connected()
+    finally:
+        link.disconnect()
+        with Connection(settings.REDIS_URL) as direct:
+            direct.default_channel.client.delete(node_queue(node))
