@@ -92,6 +92,18 @@ def _token_check(digest: str, now) -> tuple:
     return token.user, TokenPrincipal(token, role)
 
 
+def bearer_accept(request, plaintext: str, rates: Callable[[TokenPrincipal], list] | None) -> tuple:
+    """``(user, principal)`` for an API call's bearer token (:func:`token_principal`), else
+    :class:`TokenRejected`. The rate limits counted with it are left on the Django ``request`` for the
+    throttles (``rate_waits``: no second round trip), and the request's log lines name the tenant.
+    What the API's authentication class and its lean dispatch (gpushare/lean.py) both call."""
+    user, principal, rate_waits = token_principal(plaintext, rates)
+    if rate_waits:
+        request.rate_waits = rate_waits
+    log_context_bind(tenant=principal.tenant.slug)
+    return user, principal
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <token>``. The API uses ``gpushare.throttling.BearerTokenAuthentication``,
     which adds the view's rate limits to the token check's round trip (:meth:`rates`)."""
@@ -112,13 +124,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")
         try:
-            user, principal, rate_waits = token_principal(parts[1], self.rates(request))
+            return bearer_accept(request._request, parts[1], self.rates(request))
         except TokenRejected as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from exc
-        if rate_waits:
-            request._request.rate_waits = rate_waits  # spent by the throttles, no second round trip
-        log_context_bind(tenant=principal.tenant.slug)  # this request's log lines name the tenant
-        return user, principal
 
     def authenticate_header(self, request):
         return self.keyword

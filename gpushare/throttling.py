@@ -191,16 +191,22 @@ class TenantRateThrottle(TokenRateThrottle):
         return f"throttle:tenant:{principal.tenant.pk}"
 
 
+def rates_for_view(view, request):
+    """What to count with the token check of ``request`` to ``view`` (``token_principal``'s ``rates``): the
+    view's rate limits, when they live in the same Redis as the token versions; else None (each throttle
+    then makes its own round trip)."""
+    if view is None or _redis_location() != settings.REDIS_URL:
+        return None
+    throttles = [t for t in view.get_throttles() if isinstance(t, TokenRateThrottle)]
+    if not throttles:
+        return None
+    return lambda principal: [plan for t in throttles if (plan := t.plan(request, principal)) is not None]
+
+
 class BearerTokenAuthentication(authentication.BearerTokenAuthentication):
     """The API's bearer tokens: the view's rate limits are counted in the same Redis round trip as
     the token's version check (one round trip per request instead of three), and the throttles then
     read the answers. Only when the rate limits live in the same Redis as the token versions."""
 
     def rates(self, request):
-        view = (request.parser_context or {}).get("view")
-        if view is None or _redis_location() != settings.REDIS_URL:
-            return None
-        throttles = [t for t in view.get_throttles() if isinstance(t, TokenRateThrottle)]
-        if not throttles:
-            return None
-        return lambda principal: [plan for t in throttles if (plan := t.plan(request, principal)) is not None]
+        return rates_for_view((request.parser_context or {}).get("view"), request)

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 
 from accounts.permissions import RoleAllows
 from gpushare.api import ERROR_RESPONSES, ApiError, TenantScopedMixin
+from gpushare.lean import LeanDispatchMixin
 from gpushare.pagination import KeysetPagination
 from gpushare.prepared import Prepared
 from gpushare.renderers import JsonText
@@ -97,8 +98,13 @@ JOB_DETAIL = Prepared(
     list=extend_schema(summary="List the tenant's jobs", responses={200: JobSerializer(many=True), **ERROR_RESPONSES}),
     retrieve=extend_schema(summary="Get a job", responses={200: JobSerializer, **ERROR_RESPONSES}),
 )
-class JobViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobViewSet(
+    LeanDispatchMixin, TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     serializer_class = JobSerializer
+    # A CI fleet's submits and polls: served without DRF's per-request wrapping when they are plain
+    # bearer-token JSON calls (gpushare/lean.py), by the same handlers below.
+    lean_actions = frozenset({"create", "list", "retrieve", "logs"})
     filterset_class = JobFilter
     pagination_class = KeysetPagination
     permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]

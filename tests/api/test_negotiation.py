@@ -1,6 +1,7 @@
 """What the API remembers between requests to save work: the renderer an ``Accept`` header picks
 (gpushare.negotiation) and the API root's links (gpushare.routers). Each answer must be the one DRF works out
-afresh, for every header, format and host, and a refusal is never remembered as an answer."""
+afresh, for every header, format and host, and a refusal is never remembered as an answer. (Asked of the
+array list: the job list's plain JSON calls skip negotiation altogether, gpushare/lean.py.)"""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ ASKS = [
 @pytest.mark.parametrize(("headers", "content_type"), ASKS)
 def test_a_remembered_answer_is_the_one_worked_out_first(headers, content_type, tenant, api_client_for):
     client = api_client_for(tenant)
-    first = client.get("/api/v1/jobs/", **headers)
+    first = client.get("/api/v1/arrays/", **headers)
     assert first.status_code == 200 and first["Content-Type"].startswith(content_type)
     assert len(negotiation._answers) == 1
-    again = client.get("/api/v1/jobs/", **headers)
+    again = client.get("/api/v1/arrays/", **headers)
     assert again.status_code == 200 and again["Content-Type"] == first["Content-Type"]
     if content_type == "application/json":  # (the browsable page carries a fresh CSRF token each time)
         assert again.content == first.content
@@ -42,11 +43,11 @@ def test_a_remembered_answer_is_the_one_worked_out_first(headers, content_type, 
 
 def test_each_header_and_format_gets_its_own_answer(tenant, api_client_for):
     client = api_client_for(tenant)
-    assert client.get("/api/v1/jobs/", HTTP_ACCEPT="application/json")["Content-Type"] == "application/json"
-    assert client.get("/api/v1/jobs/", HTTP_ACCEPT="text/html")["Content-Type"].startswith("text/html")
-    assert client.get("/api/v1/jobs/?format=json")["Content-Type"] == "application/json"
-    assert client.get("/api/v1/jobs/?format=api")["Content-Type"].startswith("text/html")
-    pretty = client.get("/api/v1/jobs/", HTTP_ACCEPT="application/json; indent=4")
+    assert client.get("/api/v1/arrays/", HTTP_ACCEPT="application/json")["Content-Type"] == "application/json"
+    assert client.get("/api/v1/arrays/", HTTP_ACCEPT="text/html")["Content-Type"].startswith("text/html")
+    assert client.get("/api/v1/arrays/?format=json")["Content-Type"] == "application/json"
+    assert client.get("/api/v1/arrays/?format=api")["Content-Type"].startswith("text/html")
+    pretty = client.get("/api/v1/arrays/", HTTP_ACCEPT="application/json; indent=4")
     assert pretty.content.startswith(b"{\n    ")  # the accepted media type's parameters are kept
     assert len(negotiation._answers) == 5
 
@@ -54,9 +55,9 @@ def test_each_header_and_format_gets_its_own_answer(tenant, api_client_for):
 def test_a_refusal_is_never_remembered(tenant, api_client_for):
     client = api_client_for(tenant)
     for _ in range(2):
-        assert client.get("/api/v1/jobs/", HTTP_ACCEPT="image/png").status_code == 406
-        assert client.get("/api/v1/jobs/?format=xml").status_code == 404
-        assert client.get("/api/v1/jobs/?format=json", HTTP_ACCEPT="text/html").status_code == 406
+        assert client.get("/api/v1/arrays/", HTTP_ACCEPT="image/png").status_code == 406
+        assert client.get("/api/v1/arrays/?format=xml").status_code == 404
+        assert client.get("/api/v1/arrays/?format=json", HTTP_ACCEPT="text/html").status_code == 406
     assert len(negotiation._answers) == 0
 
 

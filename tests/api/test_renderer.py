@@ -66,10 +66,13 @@ def test_pretty_printing_is_drfs_own():
 
 @pytest.mark.django_db
 def test_the_api_answers_through_it(api_client_for, tenant):
-    response = api_client_for(tenant).get("/api/v1/jobs/")
+    response = api_client_for(tenant).get("/api/v1/arrays/")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert isinstance(response.accepted_renderer, FastJSONRenderer)
     assert response.json()["results"] == []
+    from gpushare import lean  # the jobs' plain JSON calls (gpushare/lean.py) write with it too
+
+    assert type(lean._renderer) is FastJSONRenderer
 
 
 def test_json_text_is_copied_in_as_is_or_decoded_for_drfs_path():
