@@ -3,8 +3,8 @@
 A CI fleet's submits and polls all look alike: ``Authorization: Bearer``, a JSON body (or none),
 ``Accept: application/json``. For those, DRF's ``APIView.dispatch`` builds a ``Request`` around the
 Django request (its lazy parsers, authenticators and negotiator), negotiates the renderer, runs the
-authentication loop, wraps the answer in a ``Response`` and renders it through the renderer's context:
-about a third of an API submit's own Python time on the bench machine (docs/benchmarks.md, Session 17).
+authentication loop, wraps the answer in a ``Response`` and renders it through the renderer's context.
+Served without that: 0.07-0.15 ms less CPU a call in process (docs/benchmarks.md, Session 18).
 
 :class:`LeanDispatchMixin` serves such a call with the same parts, called directly:
 
@@ -18,9 +18,8 @@ about a third of an API submit's own Python time on the bench machine (docs/benc
   ``Vary`` headers.
 
 Anything else takes DRF's own dispatch: another ``Accept`` (pretty printing, the browsable API), a
-``?format=``, another body type, a session, a malformed ``Authorization``, a forced test login, or
-rate limits that do not live in the token check's Redis. The answers are the same either way; the
-tests in tests/api/test_lean_dispatch.py send each call down both.
+``?format=``, another body type, a session, a malformed ``Authorization``, a forced test login. The
+answers are the same either way; the tests in tests/api/test_lean_dispatch.py send each call down both.
 """
 
 from __future__ import annotations
