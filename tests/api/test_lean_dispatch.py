@@ -68,6 +68,15 @@ def test_a_submit_and_its_reads_answer_alike_on_both_paths(rules, tenant, api_cl
     _served(path, "create", "retrieve", "list", "logs")
 
 
+def test_head_and_options_answer_as_drf_does(rules, tenant, api_client_for, path):
+    client = api_client_for(tenant)
+    head = client.head("/api/v1/jobs/")
+    assert head.status_code == 200 and head["Content-Type"] == "application/json"
+    options = client.options("/api/v1/jobs/")  # not a lean action: DRF's metadata
+    assert options.status_code == 200 and options.json()["name"]
+    _served(path, "list")
+
+
 def test_the_two_paths_write_the_same_documents(rules, tenant, api_client_for, monkeypatch):
     client = api_client_for(tenant)
     answers = {}
