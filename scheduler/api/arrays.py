@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from accounts.permissions import RoleAllows
 from accounts.tenancy import tenant_scope
 from gpushare.api import ERROR_RESPONSES, TenantScopedMixin
+from gpushare.lean import LeanDispatchMixin
 
 from ..array_services import array_tasks_make, job_array_cancel
 from ..models import Job, JobArray, JobState
@@ -71,8 +72,11 @@ def array_tasks_listable(*, tenant, array_id) -> None:
     ),
     retrieve=extend_schema(summary="Get a job array", responses={200: JobArraySerializer, **ERROR_RESPONSES}),
 )
-class JobArrayViewSet(TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class JobArrayViewSet(
+    LeanDispatchMixin, TenantScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     serializer_class = JobArraySerializer
+    lean_actions = frozenset({"list", "retrieve"})  # a sweep's polls (gpushare/lean.py)
     permission_classes = [*TenantScopedMixin.permission_classes, RoleAllows]
     required_scopes = {"GET": "jobs:read", "POST": "jobs:write"}
     required_actions = {"cancel": "jobs.cancel", "GET": "jobs.read", "POST": "jobs.submit"}

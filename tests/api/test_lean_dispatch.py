@@ -214,3 +214,18 @@ def test_a_failing_handler_is_a_500_in_the_error_shape_and_leaves_no_tenant_scop
     assert client.get("/api/v1/jobs/").status_code == 200
     assert get_scope() == {}
     _served(path, "create", "list")
+
+
+def test_a_sweeps_polls_of_its_array_answer_alike(rules, tenant, other_tenant, api_client_for, path):
+    client = api_client_for(tenant)
+    array = client.post("/api/v1/jobs/", {**GOOD, "array": {"count": 3}}, format="json")
+    assert array.status_code == 201, array.content
+    array_id = array.json()["id"]
+    detail = client.get(f"/api/v1/arrays/{array_id}/")
+    assert detail.status_code == 200 and detail.json()["states"] == {"queued": 3}
+    assert detail["Allow"] == "GET, HEAD, OPTIONS"
+    assert [a["id"] for a in client.get("/api/v1/arrays/").json()["results"]] == [array_id]
+    assert_error(api_client_for(other_tenant).get(f"/api/v1/arrays/{array_id}/"), 404, "not_found")
+    write_only = api_client_for(tenant, scopes=["jobs:write"])
+    assert "jobs:read" in assert_error(write_only.get(f"/api/v1/arrays/{array_id}/"), 403, "forbidden")["message"]
+    _served(path, "create", "retrieve", "list", "retrieve", "retrieve")
