@@ -104,6 +104,15 @@ def bearer_accept(request, plaintext: str, rates: Callable[[TokenPrincipal], lis
     return user, principal
 
 
+def bearer_parts(header: str) -> list[str] | None:
+    """The words of an ``Authorization`` header whose scheme is Bearer (case-insensitive, RFC 9110), else
+    None; a well-formed one has two. What the API's authentication class and its lean dispatch both read."""
+    parts = header.split()
+    if not parts or parts[0].lower() != "bearer":
+        return None
+    return parts
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <token>``. The API uses ``gpushare.throttling.BearerTokenAuthentication``,
     which adds the view's rate limits to the token check's round trip (:meth:`rates`)."""
@@ -115,11 +124,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return None
 
     def authenticate(self, request):
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
-            return None
-        parts = header.split()
-        if parts[0].lower() != self.keyword.lower():  # the scheme is case-insensitive (RFC 9110)
+        parts = bearer_parts(authentication.get_authorization_header(request).decode("latin-1"))
+        if parts is None:
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Bearer <token>'.")

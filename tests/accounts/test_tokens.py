@@ -146,6 +146,13 @@ def test_scheme_is_case_insensitive(tenant):
     assert client.get("/api/v1/jobs/").status_code == 200
 
 
+@pytest.mark.parametrize("header", ["   ", "\t", "Basic dXNlcjpwdw==", "Bearer"])
+def test_an_empty_or_other_scheme_authorization_is_no_credentials_not_a_500(tenant, header):
+    response = APIClient().get("/api/v1/jobs/", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "unauthenticated"
+
+
 def test_no_credentials_get_401(tenant):
     response = APIClient().get("/api/v1/jobs/")
     assert response.status_code == 401
