@@ -10,7 +10,7 @@ Served without that: 0.07-0.15 ms less CPU a call in process (docs/benchmarks.md
 
 - the token check, with the view's rate limits counted in the same Redis round trip
   (``accounts.authentication.bearer_accept``, what the API's authentication class calls);
-- the view's own permission classes, then its throttles, in DRF's order;
+- the view's own permission and throttle checks (``check_permissions``, ``check_throttles``), in DRF's order;
 - the body parsed by the API's strict JSON parser, only when the handler reads it;
 - the handler itself (``create``, ``retrieve``...), unchanged, inside the tenant's scope;
 - errors through the view's ``handle_exception`` (the one error shape, ``WWW-Authenticate``,
@@ -32,7 +32,7 @@ from django_scopes import scope
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from accounts.authentication import TokenRejected, bearer_accept
+from accounts.authentication import TokenRejected, bearer_accept, bearer_parts
 
 from .parsers import StrictJSONParser
 from .renderers import FastJSONRenderer
@@ -50,10 +50,8 @@ _parser = StrictJSONParser()
 
 def _bearer_token(request) -> str | None:
     """The token of a well-formed ``Authorization: Bearer <token>``, else None (DRF's path says why)."""
-    parts = request.META.get("HTTP_AUTHORIZATION", "").split()
-    if len(parts) != 2 or parts[0].lower() != "bearer":
-        return None
-    return parts[1]
+    parts = bearer_parts(request.META.get("HTTP_AUTHORIZATION", ""))
+    return parts[1] if parts is not None and len(parts) == 2 else None
 
 
 def _lean_eligible(request) -> bool:
@@ -79,6 +77,7 @@ class LeanRequest:
         self.accepted_renderer = _renderer
         self.accepted_media_type = "application/json"
         self.version = self.versioning_scheme = None
+        self.authenticators = ()  # authenticated before any check: a refusal is a 403, never "log in"
         self._data = _UNREAD
 
     @property
@@ -130,11 +129,7 @@ class LeanDispatchMixin:
             # On the Django request too, as DRF's Request sets them (what middleware and logs read).
             request.user = django_request.user = user
             request.auth = django_request.auth = principal
-            for permission in self.get_permissions():
-                if not permission.has_permission(request, self):
-                    raise exceptions.PermissionDenied(
-                        getattr(permission, "message", None), getattr(permission, "code", None)
-                    )
+            self.check_permissions(request)
             self.check_throttles(request)
             with scope(tenant=request.auth.tenant):
                 response = getattr(self, action)(request, *args, **kwargs)
@@ -151,10 +146,9 @@ class LeanDispatchMixin:
         for key, value in response.items():
             if key != "Content-Type":
                 answer[key] = value
-        headers = dict(self.headers)
-        vary = headers.pop("Vary", None)
+        vary = self.headers.pop("Vary", None)  # as DRF's finalize_response: added to, not overwriting
         if vary is not None:
             patch_vary_headers(answer, [v.strip() for v in vary.split(",")])
-        for key, value in headers.items():
+        for key, value in self.headers.items():
             answer[key] = value
         return answer
