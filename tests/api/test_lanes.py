@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -154,3 +155,55 @@ def test_the_server_loads_the_lanes():
     from gpushare.wsgi import application
 
     assert isinstance(application, lanes.Lanes)
+
+
+@pytest.fixture
+def resolves(monkeypatch):
+    """The paths Django's URL resolver walked its patterns for (a kept match walks none)."""
+    from django.urls.resolvers import URLResolver
+
+    walked = []
+    original = URLResolver.resolve
+
+    def spy(self, path):
+        if self.pattern.describe() == "'^/'":  # the root resolver: once per walk
+            walked.append(path)
+        return original(self, path)
+
+    lanes._resolved.clear()
+    monkeypatch.setattr(URLResolver, "resolve", spy)
+    return walked
+
+
+def test_a_path_is_resolved_once_and_each_request_gets_its_own_match(rules, tenant, resolves):
+    app = lanes.Lanes()
+    token = token_for(tenant)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    body = json.dumps({"kind": "inference", "command": ["true"], "gpus": 0.25}).encode()
+    ids = [json.loads(wsgi_call(app, "POST", "/api/v1/jobs/", body=body, **auth)[2])["id"] for _ in range(2)]
+    for job_id in ids * 2:  # each detail is its own job's: the kept match carries its path's id, no other
+        status, _, answer = wsgi_call(app, "GET", f"/api/v1/jobs/{job_id}/", **auth)
+        assert status == 200 and json.loads(answer)["id"] == job_id
+    assert wsgi_call(app, "GET", "/api/v1/", **auth)[0] == 200
+    assert wsgi_call(app, "GET", "/api/v1/", HTTP_COOKIE=session_cookie(tenant))[0] == 200  # the browser lane
+    assert sorted(resolves) == sorted(["/api/v1/jobs/", *(f"/api/v1/jobs/{i}/" for i in ids), "/api/v1/"])
+
+    # What one request's middleware or view does to its match's kwargs stays with that request.
+    handler, request = app.api, SimpleNamespace(path_info=f"/api/v1/jobs/{ids[0]}/")
+    first = handler.resolve_request(request)
+    first.kwargs["pk"] = "tampered"
+    assert handler.resolve_request(SimpleNamespace(path_info=f"/api/v1/jobs/{ids[0]}/")).kwargs == {"pk": str(ids[0])}
+
+
+def test_a_path_that_matches_nothing_is_not_kept_and_a_new_urlconf_is_resolved_afresh(tenant, resolves):
+    app = lanes.Lanes()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token_for(tenant)}"}
+    for _ in range(2):
+        status, _, body = wsgi_call(app, "GET", "/api/v1/no-such-thing/", **auth)
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    assert wsgi_call(app, "GET", "/healthz-not-here/")[0] == 404
+    assert len(lanes._resolved) == 1  # the API's catch-all matched; the other path matched nothing
+    assert wsgi_call(app, "GET", "/bench/bare/")[0] == 404
+    with override_settings(ROOT_URLCONF="bench.urls"):  # the bench's URLconf: the bare view is there
+        assert wsgi_call(app, "GET", "/bench/bare/")[0] == 200
+    assert wsgi_call(app, "GET", "/bench/bare/")[0] == 404  # the URLconf back: its own match, not the bench's
