@@ -31,6 +31,8 @@ DOCUMENTS = [
     {"lazy": gettext_lazy("Not found."), "detail": ErrorDetail("bad", code="invalid"), "id": uuid.UUID(int=7)},
     {1: "int keys become strings", "nested": [{"a": [1, 2, {"b": ()}]}], "tuple": (1, "x")},
     {"separators": "line\u2028para\u2029end", "quote": 'say "hi"\n\t\\', "ctl": "\x00\x1f"},
+    {"paragraph only": "a\u2029b", "dash and quotes": "x\u2014y \u201cz\u201d"},  # E2 80 A9; E2 80 94/9C/9D
+    {"other E2 80 characters, no separator": "\u2014\u2026\u2030\u20ac"},
     ReturnDict({"a": 1}, serializer=None),
     ReturnList([{"a": 1}], serializer=None),
     {"huge": 2**70, "float": 1e-05, "neg": -0.0},
