@@ -52,7 +52,7 @@ def token_principal(plaintext: str, rates: Callable[[TokenPrincipal], list] | No
     Redis round trip when the principal is cached (``principal_cache.lookup``).
     """
     digest = token_hash(plaintext)
-    entry, version, rate_waits = principal_cache.lookup(digest, rates)
+    entry, version, rate_waits, seen = principal_cache.lookup(digest, rates)
     now = timezone.now()
     if entry is not None:
         token = entry.principal.token
@@ -63,7 +63,7 @@ def token_principal(plaintext: str, rates: Callable[[TokenPrincipal], list] | No
         return Checked(entry.user, entry.principal, rate_waits)
     user, principal = _token_check(digest, now)
     if version is not None:
-        principal_cache.store(digest, user=user, principal=principal, version=version)
+        principal_cache.store(digest, user=user, principal=principal, version=version, seen=seen)
     return Checked(user, principal, rate_waits)
 
 

@@ -46,6 +46,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from gpushare.keywatch import KeyWatch, watch_for
 from gpushare.ratelimit import GCRA_FUNCTION, script_run
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 TTL_S = 30.0  # a principal is reused at most this long, whatever the versions say
 MAX_ENTRIES = 10_000
 KEY_PREFIX = "gpushare:auth:v:"
+KEY_PREFIX_BYTES = KEY_PREFIX.encode()
+LEASE_S = 1.0  # a rate-limit lease's life: what is left then is handed back
+LEASE_SHARE = 32  # a lease holds at most this fraction of a limit's burst (and at least one request)
 KEY_TTL_S = 7 * 24 * 3600  # an idle token's version may be forgotten: it is then re-created, which misses
 
 
@@ -62,9 +66,21 @@ class Entry:
     principal: object
     version: bytes
     until: float  # time.monotonic() after which the entry is not used
+    epoch: int | None = None  # the key watch's link it is trusted under; None: its version is read every time
+
+
+@dataclass
+class Lease:
+    """Requests of one rate limit this process may let through without asking Redis (already counted there)."""
+
+    plan: tuple[int, int]  # the limit's (interval, burst) in µs: another rate is another lease
+    left: int
+    until: float  # time.monotonic(): unused cells after this are handed back
+    size: int  # cells asked for last time
 
 
 _entries: OrderedDict[str, Entry] = OrderedDict()
+_leases: dict[str, Lease] = {}
 _lock = threading.Lock()
 
 
@@ -76,6 +92,24 @@ def _redis():
     return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
 
 
+def _changed(keys) -> None:
+    """The key watch's notice: these version keys changed (None: Redis forgot everything)."""
+    with _lock:
+        if keys is None:
+            _entries.clear()
+            _leases.clear()
+            return
+        for key in keys:
+            if key.startswith(KEY_PREFIX_BYTES):
+                _entries.pop(key[len(KEY_PREFIX_BYTES) :].decode(), None)
+
+
+@lru_cache(maxsize=1)
+def _watch(client) -> KeyWatch | None:
+    """This process's watch on the version keys, on the server ``client`` talks to."""
+    return watch_for(client, prefix=KEY_PREFIX, on_change=_changed)
+
+
 def enabled() -> bool:
     return _redis() is not None
 
@@ -84,9 +118,10 @@ def _key(digest: str) -> str:
     return KEY_PREFIX + digest
 
 
-# The token's version (created if missing) and, in the same round trip, the request's rate limits.
-# KEYS[1] the version key, KEYS[2..] rate-limit keys; ARGV[1] a fresh version, ARGV[2] its TTL (s),
-# then an interval and a burst (µs) per rate-limit key. Answers {version, wait ms per rate key}.
+# The token's version (created if missing) and, in the same round trip, leases on the request's rate limits.
+# KEYS[1] the version key, KEYS[2..] rate-limit keys; ARGV[1] a fresh version, ARGV[2] its TTL (s), then
+# four numbers per rate-limit key: interval and burst (µs), the requests wanted, the requests handed back.
+# Answers {version, then granted and wait ms per rate key}.
 CHECK = (
     GCRA_FUNCTION
     + """
@@ -99,7 +134,11 @@ local answer = {version}
 if #KEYS > 1 then
   local now = now_us()
   for i = 2, #KEYS do
-    answer[i] = gcra(KEYS[i], tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i]), now)
+    local at = 4 * i - 5
+    local granted, wait = gcra_lease(KEYS[i], tonumber(ARGV[at]), tonumber(ARGV[at + 1]), now,
+                                     tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]))
+    answer[2 * i - 2] = granted
+    answer[2 * i - 1] = wait
   end
 end
 return answer
@@ -131,6 +170,7 @@ class Lookup(NamedTuple):
     entry: Entry | None  # the cached check, still valid
     version: bytes | None  # the token's current version (None: Redis did not answer, cache nothing)
     rate_waits: dict[str, int]  # per rate-limit key counted with it: 0 allowed, else ms to wait
+    seen: int | None = None  # the key watch's count of notices before Redis was read (``store`` compares)
 
 
 NOTHING = Lookup(None, None, {})
@@ -139,7 +179,11 @@ NOTHING = Lookup(None, None, {})
 def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None) -> Lookup:
     """The cached entry if it is still valid, the token's current version (read from Redis before
     any database read the caller makes on a miss) and, when ``rates`` is given and the token has a
-    cached principal, the rate limits ``rates(principal)`` names, counted in the same round trip.
+    cached principal, the rate limits ``rates(principal)`` names, counted before the answer.
+
+    **No round trip** when the entry is trusted under the live key watch (no notice has named the
+    token since it was stored: ``gpushare.keywatch``) and every limit has a request left in this
+    process's lease. Otherwise one round trip reads the version and renews the leases that ran out.
 
     The limits are counted before the version says whether the principal still holds: a refused
     token has spent one request of its allowance, as any request does.
@@ -147,32 +191,119 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
     client = _redis()
     if client is None:
         return NOTHING
+    watch = _watch(client)
+    live = watch is not None and watch.poll()
+    seen = watch.seen if watch is not None else None
+    now = time.monotonic()
     entry = _entries.get(digest)
+    if entry is not None and entry.until <= now:
+        forget(digest)
+        entry = None
     plans = rates(entry.principal) if rates is not None and entry is not None else []
+    waits, renew = _leases_take(plans, now)
+    if live and not renew and entry is not None and entry.epoch == watch.epoch:
+        return Lookup(entry, entry.version, waits, seen)
     args: list = [_fresh_version(), KEY_TTL_S]
-    for _, interval, burst in plans:
-        args += [interval, burst]
+    for _, interval, burst, want, back in renew:
+        args += [interval, burst, want, back]
     try:
-        answer = script_run(client, _check_script(client), [_key(digest), *(key for key, _, _ in plans)], args)
+        answer = script_run(client, _check_script(client), [_key(digest), *(r[0] for r in renew)], args)
     except redis.RedisError:
         log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
         return NOTHING
     version = answer[0]
-    waits = {key: int(wait) for (key, _, _), wait in zip(plans, answer[1:], strict=True)}
-    if entry is not None and entry.version == version and entry.until > time.monotonic():
-        return Lookup(entry, version, waits)
-    if entry is not None:
-        with _lock:
-            _entries.pop(digest, None)
-    return Lookup(None, version, waits)
+    waits.update(_leases_grant(renew, answer[1:], time.monotonic()))
+    if entry is None or entry.version != version:
+        if entry is not None:
+            forget(digest)
+        return Lookup(None, version, waits, seen)
+    if live and entry.epoch != watch.epoch and watch.poll() and watch.seen == seen:
+        entry = _trusted(digest, entry, watch.epoch)  # nothing changed while Redis was asked
+    return Lookup(entry, version, waits, seen)
 
 
-def store(digest: str, *, user, principal, version: bytes) -> None:
+def store(digest: str, *, user, principal, version: bytes, seen: int | None = None) -> None:
+    """Keep a check made from the database after ``lookup`` read ``version``. Trusted without a round
+    trip only when the key watch is live and has had no notice since that read (``seen``): a change
+    committed meanwhile would have sent one."""
+    epoch = None
+    client = _redis()
+    watch = _watch(client) if client is not None else None
+    if watch is not None and seen is not None and watch.poll() and watch.seen == seen:
+        epoch = watch.epoch
+    entry = Entry(user=user, principal=principal, version=version, until=time.monotonic() + TTL_S, epoch=epoch)
     with _lock:
-        _entries[digest] = Entry(user=user, principal=principal, version=version, until=time.monotonic() + TTL_S)
+        _entries[digest] = entry
         _entries.move_to_end(digest)
         while len(_entries) > MAX_ENTRIES:
             _entries.popitem(last=False)
+
+
+def _trusted(digest: str, entry: Entry, epoch: int) -> Entry:
+    trusted = Entry(entry.user, entry.principal, entry.version, entry.until, epoch)
+    with _lock:
+        if _entries.get(digest) is entry:
+            _entries[digest] = trusted
+    return trusted
+
+
+# --- rate-limit leases -------------------------------------------------------------------------------
+# A process asks Redis for several requests of a limit at once (counted there at once, so the limit is
+# never exceeded) and lets them through one by one. A lease lives LEASE_S; what is left then is handed
+# back with the next renewal. Its size doubles while leases run out before they end and halves when they
+# do not, up to 1/LEASE_SHARE of the limit's burst: a small limit (under LEASE_SHARE requests of burst)
+# is counted in Redis request by request. What the leasing costs a client: other processes' unspent
+# leases, at most 1/LEASE_SHARE of its burst each for at most LEASE_S, may be refused to it meanwhile.
+
+
+def _lease_cap(interval: int, burst: int) -> int:
+    return max(1, (burst // interval + 1) // LEASE_SHARE)
+
+
+def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], list[tuple]]:
+    """Each plan's request from its lease where one is left ({key: 0}), and the renewals the others need:
+    (key, interval, burst, requests wanted, requests handed back)."""
+    waits: dict[str, int] = {}
+    renew: list[tuple] = []
+    if not plans:
+        return waits, renew
+    with _lock:
+        for key, interval, burst in plans:
+            lease = _leases.get(key)
+            if lease is not None and lease.plan == (interval, burst) and lease.left and lease.until > now:
+                lease.left -= 1
+                waits[key] = 0
+                continue
+            if lease is None or lease.plan != (interval, burst):
+                want, back = 1, 0
+            elif lease.left:  # ended with requests left: hand them back, ask for fewer
+                want, back = max(1, lease.size // 2), lease.left
+            elif lease.until > now:  # ran out before it ended: ask for more
+                want, back = min(_lease_cap(interval, burst), lease.size * 2), 0
+            else:
+                want, back = min(_lease_cap(interval, burst), lease.size), 0
+            _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)  # handed back once
+            renew.append((key, interval, burst, want, back))
+    return waits, renew
+
+
+def _leases_grant(renew: list[tuple], answers: list, now: float) -> dict[str, int]:
+    """The renewals' answers (granted, wait) per key: this request takes one granted request, the lease
+    keeps the rest."""
+    waits = {}
+    with _lock:
+        for (key, interval, burst, want, _), granted, wait in zip(
+            renew, answers[::2], answers[1::2], strict=True
+        ):  # fmt: skip
+            granted = int(granted)
+            waits[key] = 0 if granted else int(wait)
+            lease = _leases.get(key)
+            if lease is None or lease.plan != (interval, burst):
+                lease = _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)
+            lease.left += max(0, granted - 1)
+            lease.until = now + LEASE_S
+            lease.size = max(1, granted)  # near the limit Redis grants fewer: grow from there
+    return waits
 
 
 def forget(digest: str) -> None:
@@ -181,9 +312,10 @@ def forget(digest: str) -> None:
 
 
 def clear() -> None:
-    """Drop this process's entries (tests)."""
+    """Drop this process's entries and leases (tests)."""
     with _lock:
         _entries.clear()
+        _leases.clear()
 
 
 def _bump_now(digests: list[str]) -> None:

@@ -5,6 +5,11 @@ requests may come at once, then one per ``interval``. Times are microseconds on 
 clock, so every web process agrees. A check answers 0 (allowed, and counted) or the
 milliseconds to wait (refused, not counted).
 
+``gcra_lease`` is the same arithmetic for ``want`` requests at once: it grants as many as fit now
+(at least one, or none and the wait), counts them, and first takes back ``back`` requests granted
+earlier and never made (never below "now": an idle client's allowance is not raised by it).
+``gcra`` is a lease of one.
+
 Two scripts use it: ``gpushare.throttling`` (one limit per round trip) and
 ``accounts.principal_cache`` (a token's version and every rate limit of the request together,
 one round trip for both), run by :func:`script_run`. No Django here.
@@ -15,13 +20,25 @@ from __future__ import annotations
 from redis import exceptions as redis_errors
 
 GCRA_FUNCTION = """
-local function gcra(key, interval, burst, now)
+local function gcra_lease(key, interval, burst, now, want, back)
   local tat = tonumber(redis.call('GET', key) or now)
+  if back > 0 then tat = tat - back * interval end
   if tat < now then tat = now end
-  if tat - now > burst then return math.ceil((tat - now - burst) / 1000) end
-  local ttl = math.ceil((tat + interval - now) / 1000) + 1000
-  redis.call('SET', key, string.format('%d', tat + interval), 'PX', ttl)
-  return 0
+  local room = burst - (tat - now)
+  if room < 0 then
+    if back > 0 then
+      redis.call('SET', key, string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    end
+    return 0, math.ceil(-room / 1000)
+  end
+  local granted = math.min(want, math.floor(room / interval) + 1)
+  local tat_new = tat + granted * interval
+  redis.call('SET', key, string.format('%d', tat_new), 'PX', math.ceil((tat_new - now) / 1000) + 1000)
+  return granted, 0
+end
+local function gcra(key, interval, burst, now)
+  local _, wait = gcra_lease(key, interval, burst, now, 1, 0)
+  return wait
 end
 local function now_us()
   local t = redis.call('TIME')

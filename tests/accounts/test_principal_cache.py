@@ -44,6 +44,13 @@ def warm(client) -> None:
     assert client.get("/api/v1/jobs/").status_code == 200
 
 
+def assert_trusted(plaintext: str) -> None:
+    """The check is reused with no round trip to Redis: the key watch vouches for it."""
+    entry = principal_cache._entries[token_hash(plaintext)]
+    watch = principal_cache._watch(principal_cache._redis())
+    assert entry.epoch is not None and entry.epoch == watch.epoch
+
+
 def assert_refused(client, words: str) -> None:
     response = client.get("/api/v1/jobs/")
     assert response.status_code == 401, response.content
@@ -62,6 +69,7 @@ def test_a_warm_check_reads_no_token_or_membership_row(issued):
 def test_revoked_token_is_refused_on_the_next_request(issued):
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)
     token_revoke(token=issued.token, actor=None)
     assert_refused(client, "revoked")
 
@@ -70,6 +78,7 @@ def test_token_revoked_with_a_bare_update_and_a_bump(issued):
     """Code that writes with QuerySet.update() (no signal) calls tokens_bump; then it holds too."""
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)
     with scopes_disabled():
         ApiToken.objects.filter(pk=issued.token.pk).update(revoked_at=timezone.now())
     principal_cache.tokens_bump_where(pk=issued.token.pk)
@@ -89,6 +98,7 @@ def test_expired_token_is_refused_on_the_next_request(db, tenant, monkeypatch):
 def test_removed_member_is_refused_on_the_next_request(issued, tenant):
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)
     with scopes_disabled():
         membership = Membership.objects.get(tenant=tenant, user=issued.token.user)
     member_remove(membership=membership, actor=issued.token.user)  # leaving
@@ -98,6 +108,7 @@ def test_removed_member_is_refused_on_the_next_request(issued, tenant):
 def test_membership_deleted_in_the_admin_is_refused_on_the_next_request(issued, tenant):
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)
     with scopes_disabled():
         Membership.objects.filter(tenant=tenant, user=issued.token.user).delete()
     assert_refused(client, "no longer a member")
@@ -117,6 +128,7 @@ def test_demoted_member_loses_the_power_on_the_next_request(issued, tenant, rule
 def test_inactive_user_is_refused_on_the_next_request(issued):
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)
     user = issued.token.user
     user.is_active = False
     user.save()
@@ -154,6 +166,7 @@ def test_revocation_in_another_process_is_seen_on_the_next_request(tenant):
     issued = token_create(tenant=tenant, user=member_add(tenant), name="ci")
     client = client_with(issued.plaintext)
     warm(client)
+    assert_trusted(issued.plaintext)  # the revocation reaches it through the key watch alone
     subprocess.run(
         [sys.executable, "-c", REVOKE_ELSEWHERE.format(pk=issued.token.pk)],
         cwd=ROOT,
@@ -164,19 +177,10 @@ def test_revocation_in_another_process_is_seen_on_the_next_request(tenant):
     assert_refused(client, "revoked")
 
 
-def test_a_warm_request_checks_the_token_and_both_rate_limits_in_one_redis_round_trip(issued, monkeypatch, settings):
-    """The version check carries the token's and the tenant's rate limits (gpushare.throttling): one
-    command per request, not three; the limits are still counted once each."""
+def redis_commands(monkeypatch) -> list:
+    """Every command any redis-py client of this process sends from now on (all go through send_command)."""
     import redis
 
-    redis_cache = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.REDIS_URL}
-    settings.CACHES = {"default": redis_cache}
-
-    from accounts.services import quota_set
-
-    quota_set(tenant=issued.token.tenant, actor=None, api_requests_per_minute=1000)
-    client = client_with(issued.plaintext)
-    warm(client)
     sent = []
     real = redis.connection.AbstractConnection.send_command
     monkeypatch.setattr(
@@ -184,13 +188,100 @@ def test_a_warm_request_checks_the_token_and_both_rate_limits_in_one_redis_round
         "send_command",
         lambda self, *args, **kw: sent.append(args[0]) or real(self, *args, **kw),
     )
+    return sent
+
+
+def redis_cache(settings, issued) -> None:
+    """The throttles' counters in Redis, this tenant's counted from zero (a test database's ids repeat)."""
+    principal_cache._redis().delete(f"throttle:tenant:{issued.token.tenant_id}")
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.REDIS_URL}
+    }
+
+
+def test_warm_requests_ask_redis_nothing_and_every_request_is_counted(issued, monkeypatch, settings):
+    """A trusted check and leased rate limits: most warm requests make no round trip at all, and every
+    request let through was counted in Redis, on the token's limit and on the tenant's."""
+    from accounts.services import quota_set
+    from gpushare.throttling import _gcra_of
+
+    redis_cache(settings, issued)
+    quota_set(tenant=issued.token.tenant, actor=None, api_requests_per_minute=6000)
+    client = client_with(issued.plaintext)
+    warm(client)
+    assert_trusted(issued.plaintext)
+    server = principal_cache._redis()
+    started_us = int(server.time()[0]) * 1_000_000 + int(server.time()[1])
+    sent = redis_commands(monkeypatch)
+    for _ in range(200):
+        assert client.get("/api/v1/").status_code == 200
+    assert set(sent) <= {"EVALSHA"}
+    assert 0 < len(sent) <= 20  # leases double up to 1/32 of the burst: 600/min -> 18, 6000/min -> 187
+    sent.clear()
     assert client.get("/api/v1/").status_code == 200
-    assert sent == ["EVALSHA"]  # every command any client sends goes through a connection's send_command
-    keys = [f"throttle:token:token:{issued.token.prefix}", f"throttle:tenant:{issued.token.tenant_id}"]
-    before = [principal_cache._redis().get(key) for key in keys]
-    assert client.get("/api/v1/").status_code == 200
-    after = [principal_cache._redis().get(key) for key in keys]
-    assert all(a is not None and b is not None and int(a) > int(b) for a, b in zip(after, before, strict=True))
+    assert sent == []
+    limits = {
+        f"throttle:token:token:{issued.token.prefix}": _gcra_of(
+            settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["token"]
+        ),
+        f"throttle:tenant:{issued.token.tenant_id}": _gcra_of("6000/min"),
+    }
+    for key, (interval, _) in limits.items():  # each request let through moved the key's TAT one interval on
+        counted = (int(server.get(key)) - started_us) // interval
+        assert counted >= 201, key
+
+
+def test_leased_requests_never_exceed_the_limit(issued, settings, monkeypatch):
+    """Leases are counted in Redis when granted: a client gets exactly its allowance, then 429."""
+    redis_cache(settings, issued)
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "tenant": "320/day"},
+    }
+    client = client_with(issued.plaintext)
+    sent = redis_commands(monkeypatch)
+    answers = [client.get("/api/v1/").status_code for _ in range(330)]
+    assert answers.count(200) == 320 and answers[:320] == [200] * 320, answers
+    assert set(answers[320:]) == {429}
+    assert len(sent) < 330 // 3  # the limits were leased, not counted request by request
+
+
+def test_a_change_during_a_database_read_is_not_trusted(issued):
+    """A notice that arrives between the version read and the database read's end: the check is kept, but
+    its version is read again on the next request (it may have been read before the change committed)."""
+    digest = token_hash(issued.plaintext)
+    found = principal_cache.lookup(digest)
+    assert found.entry is None and found.version is not None
+    principal_cache._redis().set(principal_cache._key(digest), "changed-elsewhere")
+    principal_cache.store(digest, user=None, principal=None, version=found.version, seen=found.seen)
+    assert principal_cache._entries[digest].epoch is None
+    assert principal_cache.lookup(digest).entry is None  # the version moved on: not reused
+
+
+def test_a_lost_key_watch_falls_back_to_asking_redis(issued, settings, monkeypatch):
+    """The server drops the watch's connection: every cached check is forgotten and read again, and
+    reused only with a version read until the watch is back."""
+    import redis
+
+    from gpushare import keywatch
+
+    monkeypatch.setattr(keywatch, "RETRY_S", 0.0)
+    client = client_with(issued.plaintext)
+    warm(client)
+    assert_trusted(issued.plaintext)
+    killer = redis.Redis.from_url(settings.REDIS_URL)
+    watching = [c for c in killer.client_list() if "t" in c["flags"] and "BCAST" not in c["flags"]]
+    assert watching
+    for conn in watching:
+        killer.client_kill_filter(_id=conn["id"])
+    sent = redis_commands(monkeypatch)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/jobs/").status_code == 200
+    assert auth_queries(queries.captured_queries)  # forgotten: read again
+    assert "EVALSHA" in sent
+    for _ in range(3):  # the watch dials again, answers its PING, and the check is trusted again
+        assert client.get("/api/v1/jobs/").status_code == 200
+    assert_trusted(issued.plaintext)
 
 
 def test_the_check_survives_a_flushed_script_and_a_dropped_connection(issued, settings):

@@ -1,0 +1,111 @@
+"""gpushare.keywatch against the real Redis: notices of changed keys, liveness by PING, a lost link."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from gpushare import keywatch
+
+
+@pytest.fixture
+def server():
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+@pytest.fixture
+def watched(server):
+    """A watch on a prefix of this test's own, and the notices it got."""
+    prefix = f"test:keywatch:{secrets.token_hex(4)}:"
+    notices: list = []
+    watch = keywatch.watch_for(server, prefix=prefix, on_change=notices.append)
+    live_within(watch, 2.0)
+    yield watch, prefix, notices
+    watch.close()
+
+
+def live_within(watch, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not watch.poll():
+        assert time.monotonic() < deadline, "the watch did not become live"
+        time.sleep(0.01)
+
+
+def test_a_change_under_the_prefix_is_applied_by_the_next_poll(watched, server):
+    watch, prefix, notices = watched
+    seen = watch.seen
+    server.set(f"{prefix}a", "1")
+    server.set(f"other:{secrets.token_hex(4)}", "1")  # outside the prefix: no notice
+    server.delete(f"{prefix}a")
+    assert watch.poll()
+    assert notices == [[f"{prefix}a".encode()], [f"{prefix}a".encode()]]
+    assert watch.seen == seen + 2
+
+
+def test_a_flushed_database_forgets_everything(watched, server):
+    watch, _, notices = watched
+    server.flushdb()
+    watch.poll()
+    assert None in notices
+
+
+def test_a_silent_server_is_not_live_and_the_link_is_made_again(watched, server, monkeypatch):
+    """No PONG within LIVE_FOR_S (a partition, a paused server): not live, everything forgotten; the watch
+    dials again and is live once the server answers."""
+    watch, _, notices = watched
+    monkeypatch.setattr(keywatch, "PING_EVERY_S", 0.05)
+    monkeypatch.setattr(keywatch, "LIVE_FOR_S", 0.3)
+    monkeypatch.setattr(keywatch, "RETRY_S", 0.0)
+    epoch = watch.epoch
+    time.sleep(0.06)
+    server.execute_command("CLIENT", "PAUSE", 700, "ALL")
+    assert watch.poll()  # still live (its last PONG is recent); sends a PING the paused server does not answer
+    time.sleep(0.4)
+    assert not watch.poll()
+    assert notices[-1] is None and watch.epoch > epoch
+    time.sleep(0.4)
+    live_within(watch, 3.0)
+
+
+def test_a_closed_link_is_noticed_at_once(watched, server):
+    watch, _, notices = watched
+    epoch = watch.epoch
+    for conn in server.client_list():
+        if "t" in conn["flags"] and "BCAST" not in conn["flags"]:
+            server.client_kill_filter(_id=conn["id"])
+    time.sleep(0.05)
+    assert not watch.poll()
+    assert notices == [None] and watch.epoch > epoch
+
+
+def test_an_unreachable_server_is_dialled_at_most_every_retry_period(monkeypatch):
+    monkeypatch.setattr(keywatch, "RETRY_S", 60.0)
+    dials = []
+    real = keywatch.socket.create_connection
+    monkeypatch.setattr(keywatch.socket, "create_connection", lambda *a, **kw: dials.append(a) or real(*a, **kw))
+    watch = keywatch.KeyWatch(host="127.0.0.1", port=1, prefix="x:", on_change=lambda keys: None)
+    assert not watch.poll()
+    assert not watch.poll()
+    assert len(dials) == 1
+
+
+def test_a_forked_child_does_not_read_its_parents_link(watched):
+    watch, _, _ = watched
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"live" if watch.poll() else b"not live")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 20) == b"not live"  # it dials its own link first
+    assert watch.poll()  # the parent's is untouched
+
+
+def test_tls_and_unix_socket_servers_get_no_watch():
+    assert keywatch.watch_for(redis.Redis.from_url("rediss://127.0.0.1:6379/0"), prefix="x:", on_change=None) is None
+    assert keywatch.watch_for(redis.Redis(unix_socket_path="/tmp/none.sock"), prefix="x:", on_change=None) is None
