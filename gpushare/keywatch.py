@@ -19,8 +19,9 @@ the PING and is not trusted. A PING unanswered for ``LIVE_FOR_S``, a closed or a
 calls ``on_change(None)`` (forget everything), bumps :attr:`KeyWatch.epoch`, and dials again at most
 every ``RETRY_S``.
 
-**Not covered.** TLS (``rediss://``) and Unix-socket URLs: :func:`watch_for` answers None and the
-caller keeps checking Redis on every request. No Django here.
+TLS (``rediss://``) goes through redis-py's own TLS set-up for the URL. **Not covered:** Unix-socket
+URLs: :func:`watch_for` answers None and the caller keeps checking Redis on every request. No Django
+here.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -64,9 +66,10 @@ class KeyWatch:
 
     def __init__(
         self, *, host: str, port: int, prefix: str, on_change: Callable, username: str | None = None,
-        password: str | None = None,
+        password: str | None = None, wrap: Callable[[socket.socket], socket.socket] | None = None,
     ):  # fmt: skip
         self.address = (host, port)
+        self.wrap = wrap  # TLS: the connected socket in, the wrapped one out
         self.username, self.password = username, password
         self.prefix = prefix
         self.on_change = on_change  # called with a list of keys (bytes), or None: forget every key
@@ -121,6 +124,13 @@ class KeyWatch:
             return
         reader = hiredis.Reader()
         hello = ["HELLO", 3]
+        if self.wrap is not None:
+            try:
+                sock = self.wrap(sock)
+            except OSError as exc:
+                sock.close()
+                self._failed(exc, now)
+                return
         if self.password is not None:
             hello += ["AUTH", self.username or "default", self.password]
         try:
@@ -154,7 +164,7 @@ class KeyWatch:
         while True:
             try:
                 n = self._sock.recv_into(self._buffer)
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError):
                 return
             if n == 0:
                 raise LinkLost("Redis closed the connection")
@@ -213,15 +223,20 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def watch_for(client, *, prefix: str, on_change: Callable) -> KeyWatch | None:
-    """A watch on the server ``client`` (a ``redis.Redis``) talks to, or None where it cannot be
-    made (TLS, a Unix socket)."""
-    from redis.connection import Connection
+    """A watch on the server ``client`` (a ``redis.Redis``) talks to, over TLS when it uses TLS (with
+    its certificates and checks), or None where it cannot be made (a Unix socket)."""
+    from redis.connection import Connection, SSLConnection
 
     pool = client.connection_pool
-    if pool.connection_class is not Connection:
-        return None
     kwargs = pool.connection_kwargs
+    wrap = None
+    if pool.connection_class is SSLConnection:
+        # redis-py's own TLS set-up for this URL (CA, client certificate, hostname check, versions).
+        wrap = SSLConnection(**kwargs)._wrap_socket_with_ssl
+    elif pool.connection_class is not Connection:
+        return None
     return KeyWatch(
+        wrap=wrap,
         host=kwargs.get("host", "localhost"),
         port=int(kwargs.get("port", 6379)),
         username=kwargs.get("username"),

@@ -106,6 +106,88 @@ def test_a_forked_child_does_not_read_its_parents_link(watched):
     assert watch.poll()  # the parent's is untouched
 
 
-def test_tls_and_unix_socket_servers_get_no_watch():
-    assert keywatch.watch_for(redis.Redis.from_url("rediss://127.0.0.1:6379/0"), prefix="x:", on_change=None) is None
+def test_a_unix_socket_server_gets_no_watch():
     assert keywatch.watch_for(redis.Redis(unix_socket_path="/tmp/none.sock"), prefix="x:", on_change=None) is None
+
+
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 that is its own CA, and its key: (cert path, key path)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare test redis")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "redis.crt", tmp_path / "redis.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    """A Redis of this test's own that speaks only TLS: (port, its certificate)."""
+    import shutil
+    import socket
+    import subprocess
+
+    cert, key = self_signed(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", "0", "--tls-port", str(port)]
+    argv += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)]
+    argv += ["--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the TLS Redis did not start"
+                time.sleep(0.05)
+        yield port, cert
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_tls_server_is_watched_over_tls_with_the_urls_checks(tls_server, tmp_path):
+    port, cert = tls_server
+    prefix = "test:keywatch:tls:"
+    notices: list = []
+    trusted = redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(cert))
+    watch = keywatch.watch_for(trusted, prefix=prefix, on_change=notices.append)
+    live_within(watch, 3.0)
+    trusted.set(f"{prefix}a", "1")
+    assert watch.poll()
+    assert notices == [[f"{prefix}a".encode()]]
+    watch.close()
+
+    (tmp_path / "other").mkdir()
+    other, _ = self_signed(tmp_path / "other")
+    untrusting = redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(other))
+    refused = keywatch.watch_for(untrusting, prefix=prefix, on_change=notices.append)
+    assert not refused.poll()  # the server's certificate is not signed by the CA the URL names: no link
+    assert refused._sock is None
