@@ -246,6 +246,20 @@ def test_leased_requests_never_exceed_the_limit(issued, settings, monkeypatch):
     assert len(sent) < 330 // 3  # the limits were leased, not counted request by request
 
 
+def test_a_version_changed_by_another_client_reaches_a_trusted_check_through_the_watch(issued, settings):
+    """Nothing in this process forgets the check: only Redis's notice does, before the next request uses it."""
+    import redis
+
+    client = client_with(issued.plaintext)
+    warm(client)
+    assert_trusted(issued.plaintext)
+    other = redis.Redis.from_url(settings.REDIS_URL)  # another process's connection
+    other.set(principal_cache._key(token_hash(issued.plaintext)), "bumped-elsewhere")
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/v1/jobs/").status_code == 200
+    assert auth_queries(queries.captured_queries)  # read again from the database
+
+
 def test_a_change_during_a_database_read_is_not_trusted(issued):
     """A notice that arrives between the version read and the database read's end: the check is kept, but
     its version is read again on the next request (it may have been read before the change committed)."""

@@ -72,6 +72,19 @@ def test_a_silent_server_is_not_live_and_the_link_is_made_again(watched, server,
     live_within(watch, 3.0)
 
 
+def test_an_answer_read_late_vouches_only_for_when_its_ping_was_sent(watched, monkeypatch):
+    """After a quiet spell the PONG waiting in the socket is old news: the first request is not trusted;
+    it sends a fresh PING, and the next one is."""
+    watch, _, _ = watched
+    monkeypatch.setattr(keywatch, "PING_EVERY_S", 0.05)
+    monkeypatch.setattr(keywatch, "LIVE_FOR_S", 0.2)
+    time.sleep(0.06)
+    assert watch.poll()  # sends a PING; its PONG arrives and waits, unread
+    time.sleep(0.3)
+    assert not watch.poll()
+    live_within(watch, 1.0)
+
+
 def test_a_closed_link_is_noticed_at_once(watched, server):
     watch, _, notices = watched
     epoch = watch.epoch

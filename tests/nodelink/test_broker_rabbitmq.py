@@ -37,7 +37,7 @@ def rabbit():
     made: list[str] = []
 
     def user_for(node: str) -> str:
-        password = secrets.token_urlsafe(16)
+        password = f"gpn_{secrets.token_urlsafe(16)}"  # as node credentials are: never a leading "-" (an option)
         rabbitmqctl("add_user", rabbitmq_user(node), password)
         made.append(rabbitmq_user(node))
         rabbitmqctl("set_permissions", "-p", "/", rabbitmq_user(node), *rabbitmq_permissions(node))
