@@ -303,6 +303,9 @@ def _leases_grant(renew: list[tuple], answers: list, now: float) -> dict[str, in
             lease.left += max(0, granted - 1)
             lease.until = now + LEASE_S
             lease.size = max(1, granted)  # near the limit Redis grants fewer: grow from there
+        if len(_leases) > MAX_ENTRIES * 2:  # one per token and tenant seen: drop the ended ones (unspent ones lost)
+            for ended in [key for key, lease in _leases.items() if lease.until <= now]:
+                del _leases[ended]
     return waits
 
 

@@ -363,3 +363,15 @@ def test_a_connection_the_server_closed_after_checkout_is_replaced_once(settings
     assert killed
     monkeypatch.setattr(pool, "get_connection", real)
     assert script_run(client, script, [], []) == 7
+
+
+def test_ended_leases_are_dropped_past_the_bound(monkeypatch):
+    """One lease per token and tenant seen: past the bound, the ended ones go (a live one stays)."""
+    monkeypatch.setattr(principal_cache, "MAX_ENTRIES", 2)
+    principal_cache.clear()
+    now = 1000.0
+    for n in range(6):
+        principal_cache._leases[f"ended:{n}"] = principal_cache.Lease(plan=(1, 1), left=3, until=now - 1, size=4)
+    principal_cache._leases_grant([("live", 1, 1, 1, 0)], [1, 0], now)
+    assert list(principal_cache._leases) == ["live"]
+    principal_cache.clear()
