@@ -2,10 +2,13 @@
 
 Checking a token costs two queries (token with its tenant and user; the
 membership) on every request. This keeps the verified principal in the web
-process for up to ``TTL_S`` and, on every request, checks one **version key**
-per token in Redis (one script call, ~0.1 ms, that also counts the request's rate
-limits: ``gpushare.throttling``). Whatever may change the outcome
-of a check bumps the version of every token it affects:
+process for up to ``TTL_S`` behind one **version key** per token in Redis.
+A warm request reads nothing from Redis: this process's key watch
+(``gpushare.keywatch``) is told of every change of a version key and drops the
+check at once, and the request's rate limits are spent from leases (below). When
+the watch is not live, or a lease has run out, one script call (~0.1 ms) reads the
+version and renews the leases (``gpushare.throttling``). Whatever may change the
+outcome of a check bumps the version of every token it affects:
 
 - revoking a token, editing or deleting it;
 - removing a member or changing their role (their tokens in that tenant);
@@ -26,6 +29,13 @@ is never reused after it. A missing key (never set, or Redis lost it) is set
 to a fresh random value before the database read, so a principal is never
 cached against "no version". Without Redis (the embedded demo), or when
 Redis does not answer, nothing is cached: every request reads the database.
+
+Why skipping the read is safe too: a check is trusted without it only while
+the watch is live (a PING sent within the last 3 s was answered, so every notice
+Redis sent before it has arrived and been applied) and only if no notice came
+between the version read it was stored with and its storing; a bump's notice is
+applied by the very poll that starts the next request. Anything else (the watch
+lost, silent, just started, or a notice in that window) and the version is read.
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ class Lease:
     plan: tuple[int, int]  # the limit's (interval, burst) in µs: another rate is another lease
     left: int
     until: float  # time.monotonic(): unused cells after this are handed back
-    size: int  # cells asked for last time
+    size: int  # requests granted last time: the next renewal asks for twice, half or as many
 
 
 _entries: OrderedDict[str, Entry] = OrderedDict()
