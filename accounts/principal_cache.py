@@ -40,6 +40,7 @@ lost, silent, just started, or a notice in that window) and the version is read.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -250,7 +251,7 @@ def store(digest: str, *, user, principal, version: bytes, seen: int | None = No
 
 
 def _trusted(digest: str, entry: Entry, epoch: int) -> Entry:
-    trusted = Entry(entry.user, entry.principal, entry.version, entry.until, epoch)
+    trusted = dataclasses.replace(entry, epoch=epoch)
     with _lock:
         if _entries.get(digest) is entry:
             _entries[digest] = trusted

@@ -183,16 +183,8 @@ class KeyWatch:
     def _lost(self, exc: BaseException | None, now: float) -> None:
         if exc is not None:
             log.warning("key watch on %s:%s lost (%s); cached checks are asked of Redis again", *self.address, exc)
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        self._sock = self._reader = None
-        self._pong_at = float("-inf")
-        self._pings_unanswered = 0
+        self._unlink()
         self._dial_at = now + RETRY_S
-        self.epoch += 1
-        self.seen += 1
         self.on_change(None)
 
     def _failed(self, exc: BaseException, now: float) -> None:
@@ -204,12 +196,19 @@ class KeyWatch:
     def _forked(self) -> None:
         """In a forked child: the parent's socket is not this process's link."""
         self._lock = threading.Lock()
+        self._unlink()
+        self._dial_at = 0.0
+
+    def _unlink(self) -> None:
+        """Close the link (if any); nothing learnt on it is trusted any more."""
         if self._sock is not None:
-            self._sock.close()
+            try:
+                self._sock.close()
+            except OSError:
+                pass
         self._sock = self._reader = None
         self._pong_at = float("-inf")
         self._pings_unanswered = 0
-        self._dial_at = 0.0
         self.epoch += 1
         self.seen += 1
 
