@@ -216,7 +216,10 @@ def test_warm_requests_ask_redis_nothing_and_every_request_is_counted(issued, mo
     for _ in range(200):
         assert client.get("/api/v1/").status_code == 200
     assert set(sent) <= {"EVALSHA"}
-    assert 0 < len(sent) <= 20  # leases double up to 1/32 of the burst: 600/min -> 18, 6000/min -> 187
+    # Leases double up to 1/32 of the burst (600/min -> 18, 6000/min -> 187): ~17 round trips for 200 requests
+    # when they run quickly; a slow machine lets a lease end with requests left, halving the next. Either way
+    # far fewer than one per request.
+    assert 0 < len(sent) <= 40
     sent.clear()
     assert client.get("/api/v1/").status_code == 200
     assert sent == []
