@@ -430,3 +430,18 @@ class SchedulerSettings(models.Model):
 
     def __str__(self) -> str:
         return "scheduler settings"
+
+
+class ShownNamesVersion(models.Model):
+    """One row (``pk=1``), written by PostgreSQL triggers whenever a name a job page shows changes: a class's
+    or a node's name, a GPU's uuid or index, or such a row deleted. Its row version is part of every kept
+    job page's versions (``api.page_selectors``): a rename is seen at once, while the writes that leave the
+    names alone (a node's heartbeat, a GPU's health) leave kept pages alone too."""
+
+    changes = models.BigIntegerField(default=0, help_text="How many times a shown name has changed.")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="shownnamesversion_singleton")]
+
+    def __str__(self) -> str:
+        return f"shown names, changed {self.changes} times"

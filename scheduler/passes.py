@@ -566,7 +566,6 @@ def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tup
                 f"placed on {decision.node} ({', '.join(decision.gpu_uuids)})"[:300],
             )
         )
-    rows_insert(Allocation, ("tenant_id", "job_id", "gpu_id", "share_milli", "created_at"), allocations)
     jobs_update(
         jobs,
         {
@@ -579,6 +578,10 @@ def _placements_write(placements, rows: dict[int, tuple], gpu_ids: dict[str, tup
             "isolation": "varchar",
         },
     )
+    # After the jobs: an allocation written gives its job a new row version unless this transaction has
+    # written the job already (a trigger, for kept job pages: migrations/0009), so this order writes each
+    # placed job once.
+    rows_insert(Allocation, ("tenant_id", "job_id", "gpu_id", "share_milli", "created_at"), allocations)
     rows_insert(JobEvent, ("tenant_id", "job_id", "at", "from_state", "to_state", "detail"), events)
     webhook_emit.jobs_scheduled(events)
     messages = launch_messages([d.job_id for d in placements])

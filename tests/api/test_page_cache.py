@@ -133,6 +133,51 @@ def test_any_change_to_what_a_page_shows_is_served_at_once(change, finished, ten
     assert get(client)[1] == {"versions"}  # and kept again
 
 
+UNSHOWN_WRITES = {
+    "a node's heartbeat": lambda jobs: Node.objects.filter(name="node-a").update(last_heartbeat_at=BASE),
+    "a node's state": lambda jobs: Node.objects.filter(name="node-a").update(state=Node.State.UP),
+    "a GPU's health": lambda jobs: Gpu.objects.filter(index=0).update(health=Gpu.Health.OUT_OF_SERVICE, last_metrics={"a": 1}),
+    "a class's price, its name unchanged": lambda jobs: PriorityClass.objects.filter(pk=jobs[0].priority_id).update(
+        name=jobs[0].priority.name, price_multiplier="1.5"
+    ),
+}
+
+
+@pytest.mark.parametrize("write", UNSHOWN_WRITES)
+def test_writes_that_leave_what_a_page_shows_alone_leave_it_kept(write, finished, tenant, api_client_for):
+    """The rows of the nodes, GPUs and classes a page names are written often (a heartbeat every few seconds):
+    only a change of the names it shows reaches its versions (the database's triggers)."""
+    client = api_client_for(tenant)
+    kept, _ = get(client)
+    with scopes_disabled():
+        UNSHOWN_WRITES[write](finished)
+    served, ran = get(client)
+    assert ran == {"versions"}  # still kept
+    assert served == kept == fresh(client)
+
+
+def test_a_job_written_with_its_allocation_is_written_once(finished, tenant):
+    """The allocations' trigger gives a job a new row version only when its transaction has not written
+    the job yet (a pass updates the jobs it places, then inserts their allocations): one version, not two."""
+    job, gpu = finished[0], Gpu.objects.get(index=2)
+
+    def place() -> tuple[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT ctid::text FROM scheduler_job WHERE id = %s", [job.pk])
+            (before,) = cursor.fetchone()
+            Allocation.objects.create(tenant=tenant, job=job, gpu=gpu, share_milli=125)
+            cursor.execute("SELECT ctid::text FROM scheduler_job WHERE id = %s", [job.pk])
+            return before, cursor.fetchone()[0]
+
+    with transaction.atomic(), scopes_disabled():
+        Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)
+        written, after = place()
+    assert after == written  # the job's row as this transaction wrote it: no second version
+    with transaction.atomic(), scopes_disabled():
+        untouched, after = place()
+    assert after != untouched  # not written in this transaction: the allocation gave it a new version
+
+
 def test_a_new_job_and_the_job_past_the_pages_end_change_the_page(finished, tenant, api_client_for):
     client = api_client_for(tenant)
     url = "/api/v1/jobs/?page_size=3"
