@@ -133,13 +133,17 @@ def test_any_change_to_what_a_page_shows_is_served_at_once(change, finished, ten
     assert get(client)[1] == {"versions"}  # and kept again
 
 
+def _class_repriced(jobs):
+    klass = jobs[0].priority
+    PriorityClass.objects.filter(pk=klass.pk).update(name=klass.name, price_multiplier="1.5")
+
+
 UNSHOWN_WRITES = {
     "a node's heartbeat": lambda jobs: Node.objects.filter(name="node-a").update(last_heartbeat_at=BASE),
     "a node's state": lambda jobs: Node.objects.filter(name="node-a").update(state=Node.State.UP),
-    "a GPU's health": lambda jobs: Gpu.objects.filter(index=0).update(health=Gpu.Health.OUT_OF_SERVICE, last_metrics={"a": 1}),
-    "a class's price, its name unchanged": lambda jobs: PriorityClass.objects.filter(pk=jobs[0].priority_id).update(
-        name=jobs[0].priority.name, price_multiplier="1.5"
-    ),
+    "a GPU's health": lambda jobs: Gpu.objects.filter(index=0).update(health=Gpu.Health.OUT_OF_SERVICE),
+    "a GPU's metrics": lambda jobs: Gpu.objects.filter(index=1).update(last_metrics={"sm_util": 1}),
+    "a class's price, its name written unchanged": _class_repriced,
 }
 
 
