@@ -78,16 +78,16 @@ def _order(*, after: bool, older: bool) -> str:
     return "DESC" if older or not after else "ASC"
 
 
-def _versions_ctes() -> str:
+def _versions_cte() -> str:
     """The CTE after a page's ``j``, ``versions (versions)``: one row, the digest (``bytea``) of everything the
     page is written from, as the module's docstring lists it: its rows' ids and versions (integers, so the
-    text is unambiguous) and the shown names' version. Two index range scans and nothing else: the
-    database keeps the rest telling (``_versions_ctes`` reads no allocation, class, node or GPU)."""
+    text is unambiguous) and the shown names' version. It reads no allocation, class, node or GPU: the
+    database's triggers make their changes reach these versions."""
     shown_names = ShownNamesVersion._meta.db_table
-    return f"""versions AS MATERIALIZED (SELECT sha256(convert_to(concat_ws('|',
-            (SELECT string_agg(j.id || ' ' || j.row_version, ',' ORDER BY j.submitted_at, j.id) FROM j),
-            (SELECT v.xmin FROM {shown_names} v WHERE v.id = 1)
-        ), 'UTF8')) AS versions)"""
+    return f"""versions AS MATERIALIZED (SELECT sha256(convert_to(
+            coalesce((SELECT string_agg(j.id || ' ' || j.row_version, ',' ORDER BY j.submitted_at, j.id) FROM j), '')
+            || '|' || coalesce((SELECT v.xmin::text FROM {shown_names} v WHERE v.id = 1), ''),
+        'UTF8')) AS versions)"""
 
 
 @functools.cache
@@ -96,7 +96,7 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
     versions)``, ``body`` the text of the job's API object, key for key and figure for figure what
     :func:`scheduler.api.serializers.job_body` writes (``tests/api/test_job_page_json.py`` holds the two
     equal), queued jobs' places included (:func:`_positions_sql`, as :func:`queue_positions_page`);
-    ``versions`` the digest of what the page was written from (:func:`_versions_ctes`, the same on every row).
+    ``versions`` the digest of what the page was written from (:func:`_versions_cte`, the same on every row).
     A list page's jobs are never decoded into Python values nor encoded again: that per-row work was most of
     a page's CPU.
 
@@ -125,7 +125,7 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
                 ) a JOIN {gpus} g ON g.id = a.gpu_id
                 WHERE CASE WHEN a.holding THEN a.released_at IS NULL ELSE a.released_at = a.last END
                 GROUP BY a.job_id
-            ), {_positions_sql(queued, "%(tail)s")}, {_versions_ctes()}
+            ), {_positions_sql(queued, "%(tail)s")}, {_versions_cte()}
             SELECT j.id, j.submitted_at, j.state, row_to_json(b)::text, v.versions FROM j
               JOIN {classes} c ON c.id = j.priority_id
               LEFT JOIN {nodes} n ON n.id = j.node_id
@@ -166,10 +166,10 @@ def job_page_statement(*, after: bool, older: bool, size: int) -> ServerStatemen
 @functools.cache
 def job_page_versions_statement(*, after: bool, older: bool, size: int) -> ServerStatement:
     """The digest :func:`job_page_statement` writes beside the same page (one row, one column): an index range
-    scan of the page's window, its allocations and two small tables; nothing is written out."""
+    scan of the page's window and one row read by its key; nothing is written out."""
     columns = "j.id, j.submitted_at"
     window = _window_sql(after=after, older=older, size=size, columns=columns)
-    return ServerStatement(f"WITH {window}, {_versions_ctes()} SELECT versions FROM versions")
+    return ServerStatement(f"WITH {window}, {_versions_cte()} SELECT versions FROM versions")
 
 
 class JobPage(NamedTuple):
@@ -195,7 +195,7 @@ def job_page_json(*, tenant, direction: str, key, size: int) -> JobPage:
 
 
 def job_page_versions(*, tenant, direction: str, key, size: int) -> bytes:
-    """The digest of what the page of ``tenant``'s jobs is written from now (:func:`_versions_ctes`)."""
+    """The digest of what the page of ``tenant``'s jobs is written from now (:func:`_versions_cte`)."""
     with connection.cursor() as cursor:
         statement = job_page_versions_statement(after=key is not None, older=direction == "n", size=size)
         statement.execute(cursor, _values(tenant=tenant, key=key))
