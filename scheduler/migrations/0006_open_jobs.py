@@ -3,6 +3,8 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from gpushare.db.migrations import postgresql_only
+
 OPEN = "('queued', 'scheduled', 'running', 'preempted')"  # scheduler.models.OPEN_STATES
 
 # The table of unfinished jobs is kept by the database (PostgreSQL): a statement's inserted jobs that
@@ -60,16 +62,6 @@ DROP FUNCTION scheduler_open_job_removed();
 """
 
 
-def triggers_create(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(TRIGGERS)
-
-
-def triggers_drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_TRIGGERS)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -91,5 +83,5 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['tenant', 'state'], name='open_job_tenant'), models.Index(condition=models.Q(('state', 'queued')), fields=['priority', 'submitted_at', 'job'], name='open_job_queue')],
             },
         ),
-        migrations.RunPython(triggers_create, triggers_drop),
+        postgresql_only(TRIGGERS, DROP_TRIGGERS),
     ]

@@ -3,6 +3,8 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from gpushare.db.migrations import postgresql_only
+
 # Per tenant and class, the open and queued job counts, kept by the database (PostgreSQL): each statement
 # that changes scheduler_openjob (itself kept by triggers on scheduler_job, migration 0006) appends its net
 # change per (tenant, class) to scheduler_openjobcountchange; the scheduling pass folds those into
@@ -59,16 +61,6 @@ DROP FUNCTION scheduler_open_job_count_removed();
 """
 
 
-def triggers_create(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(TRIGGERS)
-
-
-def triggers_drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_TRIGGERS)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -100,5 +92,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('tenant', 'priority'), name='open_job_count_once')],
             },
         ),
-        migrations.RunPython(triggers_create, triggers_drop),
+        postgresql_only(TRIGGERS, DROP_TRIGGERS),
     ]

@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from gpushare.db.migrations import postgresql_only
+
 # What a kept job page was written from (scheduler.api.page_selectors) is read as its jobs' row versions and
 # one more row's, and the database keeps those telling (PostgreSQL triggers, whoever writes):
 #
@@ -73,16 +75,6 @@ DROP FUNCTION scheduler_shown_names_changed();
 """
 
 
-def triggers_create(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(TRIGGERS)
-
-
-def triggers_drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_TRIGGERS)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -101,5 +93,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(('pk', 1)), name='shownnamesversion_singleton')],
             },
         ),
-        migrations.RunPython(triggers_create, triggers_drop),
+        postgresql_only(TRIGGERS, DROP_TRIGGERS),
     ]
