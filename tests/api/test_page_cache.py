@@ -160,6 +160,26 @@ def test_writes_that_leave_what_a_page_shows_alone_leave_it_kept(write, finished
     assert served == kept == fresh(client)
 
 
+def test_a_shown_name_changed_or_its_row_deleted_writes_the_names_version(finished):
+    """The names' row is written by the rename and delete triggers only: what a page shows of classes, nodes
+    and GPUs reaches its versions through it."""
+    from scheduler.models import ShownNamesVersion
+
+    def changes() -> int:
+        return ShownNamesVersion.objects.get(pk=1).changes
+
+    spare = node_make("node-spare", gpus=1)
+    before = changes()
+    Node.objects.filter(pk=spare.pk).update(last_heartbeat_at=BASE, name="node-spare")  # name written, unchanged
+    assert changes() == before
+    Gpu.objects.filter(node=spare).delete()
+    assert changes() == before + 1
+    Node.objects.filter(pk=spare.pk).delete()
+    assert changes() == before + 2
+    PriorityClass.objects.create(name="short-lived", rank=5).delete()
+    assert changes() == before + 3
+
+
 def test_a_job_written_with_its_allocation_is_written_once(finished, tenant):
     """The allocations' trigger gives a job a new row version only when its transaction has not written
     the job yet (a pass updates the jobs it places, then inserts their allocations): one version, not two."""
