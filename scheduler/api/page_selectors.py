@@ -2,7 +2,7 @@
 
 Pollers (CI fleets, dashboards, the CLI's ``--watch``) ask for the same first page again and again, and
 most of the time nothing on it has changed. Writing the page (:func:`job_page_statement`) costs ~0.8 ms of
-PostgreSQL's CPU for 50 jobs; reading what it is written from (:func:`job_page_versions_statement`) ~0.1 ms.
+PostgreSQL's CPU for 50 jobs; reading what it is written from (:func:`job_page_versions_statement`) ~0.15 ms.
 So a page is kept, per process, with the **versions** of what it was written from, and served again only
 while a fresh read of the versions is equal to them.
 

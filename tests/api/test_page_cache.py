@@ -185,13 +185,15 @@ def test_a_job_written_with_its_allocation_is_written_once(finished, tenant):
     the job yet (a pass updates the jobs it places, then inserts their allocations): one version, not two."""
     job, gpu = finished[0], Gpu.objects.get(index=2)
 
-    def place() -> tuple[str, str]:
+    def ctid() -> str:  # where the job's current row version is: a new version moves it
         with connection.cursor() as cursor:
             cursor.execute("SELECT ctid::text FROM scheduler_job WHERE id = %s", [job.pk])
-            (before,) = cursor.fetchone()
-            Allocation.objects.create(tenant=tenant, job=job, gpu=gpu, share_milli=125)
-            cursor.execute("SELECT ctid::text FROM scheduler_job WHERE id = %s", [job.pk])
-            return before, cursor.fetchone()[0]
+            return cursor.fetchone()[0]
+
+    def place() -> tuple[str, str]:
+        before = ctid()
+        Allocation.objects.create(tenant=tenant, job=job, gpu=gpu, share_milli=125)
+        return before, ctid()
 
     with transaction.atomic(), scopes_disabled():
         Job.objects.filter(pk=job.pk).update(state=JobState.SCHEDULED)
