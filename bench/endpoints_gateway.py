@@ -6,7 +6,7 @@ load generator's event loop.
     python -m bench.endpoints_gateway [--quick]
 
 The replica is tests/endpoints/model_server.py (answers at once); the gateway
-is the real aiohttp app (endpoints.gateway) with its routing table and token
+is the real gateway (endpoints.gateway) with its routing table and token
 check fixed in memory, so the figure is the proxy path itself: routing,
 least-outstanding choice, forwarding and streaming the answer back.
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import requests
-from aiohttp import ClientError, ClientSession, TCPConnector, web
+from aiohttp import ClientError, ClientSession, TCPConnector
 
 from bench.agent_overhead import cpu_seconds
 from bench.openloop import _run as _fixed_rate_run
@@ -123,14 +123,7 @@ def serve_static(gateway_port: int, replica_port: int) -> None:
         async def principal(self, plaintext, tenant_slug):
             return None
 
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
-    web.run_app(gw.make_app(StaticGateway(refresh_s=1.0)), host="127.0.0.1", port=gateway_port, access_log=None,
-                print=None)  # fmt: skip
+    gw.serve_forever(gw.run(StaticGateway(refresh_s=1.0), "127.0.0.1", gateway_port))
 
 
 async def _wait_port(port: int, timeout: float = 30) -> None:

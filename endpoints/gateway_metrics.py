@@ -1,4 +1,4 @@
-"""The gateway's Prometheus series, health and readiness (hooked into ``gateway.make_app``).
+"""The gateway's Prometheus series, health and readiness (the ``Gateway``'s ``metrics`` and ``ops``).
 
 | series | type | labels | what |
 |---|---|---|---|
@@ -23,9 +23,8 @@ server's loopback clients may read it), as on the web.
 from __future__ import annotations
 
 import asyncio
-import time
+import json
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -73,37 +72,9 @@ class GatewayMetrics:
         if found[1] is not None:
             found[1].inc()
 
-    def labels_for(self, request: web.Request) -> tuple[str, str]:
-        key = (request.match_info.get("tenant", ""), request.match_info.get("endpoint", ""))
+    def labels_for(self, tenant: str, name: str) -> tuple[str, str]:
+        key = (tenant, name)
         return key if key in self.gateway.table else ("", "")
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler):
-        if "endpoint" not in request.match_info:
-            return await handler(request)
-        labels = self.labels_for(request)
-        started = time.monotonic()
-        inflight, latency = self.series_of(labels)
-        inflight.inc()
-        code = 500
-        try:
-            response = await handler(request)
-            code = response.status
-            return response
-        except web.HTTPException as exc:
-            code = exc.status
-            raise
-        except asyncio.CancelledError:
-            code = 499  # the client went away (nginx's code): not the gateway's error
-            raise
-        finally:
-            inflight.dec()
-            found = self.labels_for(request)  # a route found by this very request's refresh
-            if found != labels:
-                # the endpoint's in-flight series exists from its first request on
-                labels, (_, latency) = found, self.series_of(found)
-            self.count(labels, code)
-            latency.observe(time.monotonic() - started)
 
 
 class _TableCollector:
@@ -138,30 +109,36 @@ class _TableCollector:
         yield queued
 
 
-def ops_routes(app: web.Application, gateway, metrics: GatewayMetrics) -> None:
-    """``/readyz`` and ``/metrics`` on the gateway's own port (``/healthz`` is the gateway's)."""
+def ops_views(gateway) -> dict:
+    """``/healthz``, ``/readyz`` and ``/metrics`` on the gateway's own port, by path."""
 
-    async def readyz(request):
+    def send_json(reply, status: int, body: dict) -> None:
+        reply.send(status, [(b"Content-Type", b"application/json; charset=utf-8")], json.dumps(body).encode())
+
+    async def healthz(request, reply):
+        send_json(reply, 200, {"ok": True, "endpoints": len(gateway.table)})
+
+    async def readyz(request, reply):
         from asgiref.sync import sync_to_async
 
         from gpushare.observability.health import checks_run
 
         results = await sync_to_async(checks_run, thread_sensitive=False)(["database"])
         ready = all(v == "ok" for v in results.values())
-        return web.json_response({"ready": ready, "checks": results}, status=200 if ready else 503)
+        send_json(reply, 200 if ready else 503, {"ready": ready, "checks": results})
 
-    async def metrics_view(request):
+    async def metrics_view(request, reply):
         from gpushare.observability.health import metrics_refusal
 
-        peer = request.transport.get_extra_info("peername") if request.transport else None
         refusal = metrics_refusal(
-            authorization=request.headers.get("Authorization", ""), remote_addr=(peer or ("",))[0]
+            authorization=(request.header(b"authorization") or b"").decode("latin-1"),
+            remote_addr=(request.peer or ("",))[0],
         )
         if refusal is not None:
             code = "unauthenticated" if refusal[0] == 401 else "forbidden"
-            return web.json_response({"error": {"code": code, "message": refusal[1], "fields": {}}}, status=refusal[0])
-        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+            send_json(reply, refusal[0], {"error": {"code": code, "message": refusal[1], "fields": {}}})
+            return
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, gateway.metrics.registry)
+        reply.send(200, [(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8")], body)
 
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_view)
+    return {b"/healthz": healthz, b"/readyz": readyz, b"/metrics": metrics_view}

@@ -93,12 +93,12 @@ async def raw_replica(answer: bytes | None, seen: list) -> tuple[asyncio.Server,
 
 async def with_gateway(ports: list[int], body):
     gateway = StaticGateway(ports)
-    runner, port = await serve(gw.make_app(gateway))
+    server = await gateway.start("127.0.0.1", 0)
     try:
         async with ClientSession() as client:
-            return await body(client, f"http://127.0.0.1:{port}/e/t/e", gateway)
+            return await body(client, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/e/t/e", gateway)
     finally:
-        await runner.cleanup()
+        await gateway.stop()
 
 
 def run_apart(coroutine):
@@ -243,7 +243,7 @@ def test_idle_connections_to_a_replica_that_left_the_table_are_closed():
             pool.keep_only({("127.0.0.1", port)})
             assert pool.idle[("127.0.0.1", port)] == [kept]
             pool.keep_only(set())
-            return pool.idle, kept.writer.is_closing()
+            return pool.idle, kept.transport.is_closing()
         finally:
             await pool.close()
             await runner.cleanup()
