@@ -12,8 +12,9 @@ only passes on), and answered in one ``write``: ~60 µs a request in all.
     server = await serve(handler, "127.0.0.1", 8001)
 
 One task runs per request. Requests a client sends ahead (pipelining) wait their
-turn, in order. A client that goes away cancels its request's task, so a held or
-forwarded request does not outlive it. A request over ``max_body`` is answered
+turn, in order. A client that goes away (or closes its sending side: HTTP/1.1
+clients do not half-close) cancels its request's task, so a held or forwarded
+request does not outlive it. A request over ``max_body`` is answered
 413, bad HTTP 400, and a handler that fails or answers nothing 500; each closes
 the connection.
 """
@@ -144,7 +145,6 @@ class Connection(asyncio.Protocol):
         self.waiting: deque[Request] = deque()
         self.task: asyncio.Task | None = None
         self.lost = False
-        self.ended = False  # the client sent its last byte
         self.paused_reading = False
         self.drain_waiter: asyncio.Future | None = None
         self.version_11 = True
@@ -178,8 +178,7 @@ class Connection(asyncio.Protocol):
                 self.refuse(400, f"bad HTTP request: {exc}"[:200])
 
     def eof_received(self) -> bool:
-        self.ended = True
-        return self.task is not None  # a client that half-closes still gets the answer it waits for, then a close
+        return False  # the client closed its side: gone, as nginx and aiohttp take it (connection_lost follows)
 
     def connection_lost(self, exc) -> None:
         self.lost = True
@@ -265,7 +264,7 @@ class Connection(asyncio.Protocol):
         if not reply.status:
             reply.keep_alive = False
             reply.send(500, [], b"")
-        if not reply._ended or not reply.keep_alive or (self.ended and not self.waiting):
+        if not reply._ended or not reply.keep_alive:
             self.close()
             return
         if self.waiting:

@@ -242,12 +242,15 @@ class Connection(asyncio.Protocol):
 class UpstreamPool:
     def __init__(self):
         self.idle: dict[tuple[str, int], list[Connection]] = {}
+        self.busy: set[Connection] = set()  # carrying a request now
         self.closed = False
 
     async def _connect(self, host: str, port: int) -> Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await asyncio.wait_for(loop.create_connection(Connection, host, port), CONNECT_TIMEOUT_S)
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(Connection, host.strip("[]"), port), CONNECT_TIMEOUT_S
+            )  # an IPv6 address comes as it is written in a URL, in brackets
         except (OSError, TimeoutError) as exc:
             raise UpstreamFailed(f"could not connect to {host}:{port}: {exc!r}") from exc
         return connection
@@ -294,9 +297,11 @@ class UpstreamPool:
             except BaseException:
                 connection.close()
                 raise
+        self.busy.add(connection)
         try:
             yield answer
         finally:
+            self.busy.discard(connection)
             if answer.complete and answer.keep_alive and not answer.held:
                 self._give_back(key, connection)
             else:
@@ -310,7 +315,6 @@ class UpstreamPool:
 
     async def close(self) -> None:
         self.closed = True
-        for idle in self.idle.values():
-            for connection in idle:
-                connection.close()
+        for connection in [*self.busy, *(c for idle in self.idle.values() for c in idle)]:
+            connection.close()
         self.idle.clear()
