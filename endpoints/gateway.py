@@ -10,8 +10,9 @@ gets the request retried once on another replica; one that breaks off later
 does not (it has the request), and a client that goes away is nobody's failure.
 
 The data plane is ``http1.py``'s server (asyncio protocols over httptools'
-parser, ~60 µs of CPU a request where aiohttp's server cost ~160-220 µs, as much
-as the replica's) and ``upstream.py``'s kept-alive connections to the replicas.
+parser) and ``upstream.py``'s kept-alive connections to the replicas: ~100-130 µs
+of CPU a proxied request, where aiohttp's server and client cost ~200-250 µs, as
+much as a small replica's own work (docs/benchmarks.md, session 22).
 Nothing on the request path touches the database: tokens are checked once per
 ``TOKEN_CACHE_S``, the routing table and the traffic figures go through
 Django's ORM in a thread, in the background. The ops paths (``/healthz``,
@@ -32,7 +33,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
 from urllib.parse import unquote
 
 from aiohttp import ClientConnectorError, ClientSession, ClientTimeout, ServerDisconnectedError, TCPConnector
@@ -333,7 +333,7 @@ class Gateway:
         try:
             await self.handle(request, reply, tenant, name)
             code = reply.status
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionResetError):
             code = 499  # the client went away (nginx's code): not the gateway's error
             raise
         finally:
@@ -466,8 +466,10 @@ def upstream_request(request: Request, replica) -> bytes:
     ``/e/<tenant>/<endpoint>`` and the query as sent, the end-to-end headers, the body."""
     path, mark, query = request.target.partition(b"?")
     parts = path.split(b"/", 4)
-    head = bytearray(b"%s /%s%s%s HTTP/1.1\r\nHost: %s:%d\r\n" % (
-        request.method, parts[4] if len(parts) > 4 else b"", mark, query, replica.address.encode(), replica.port))
+    head = bytearray(
+        b"%s /%s%s%s HTTP/1.1\r\nHost: %s:%d\r\n"
+        % (request.method, parts[4] if len(parts) > 4 else b"", mark, query, replica.address.encode(), replica.port)
+    )
     for name, value in request.headers:
         if name.lower() not in FORWARD_DROPPED:
             head += b"%s: %s\r\n" % (name, value)

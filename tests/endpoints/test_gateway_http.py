@@ -1,5 +1,6 @@
-"""The gateway's HTTP/1.1 on the wire (endpoints/http1.py, endpoints/upstream.py), spoken byte by byte over
-real sockets: pipelining, limits, bad requests, 100-continue, HEAD, HTTP/1.0 clients, clients that leave, and the answers replicas send (chunked, close-delimited, interim, not HTTP at all)."""
+"""The gateway's HTTP/1.1 on the wire (endpoints/http1.py, endpoints/upstream.py), spoken byte by byte
+over real sockets: pipelining, limits, bad requests, 100-continue, HEAD, HTTP/1.0 clients, clients that
+leave, and the answers replicas send (chunked, close-delimited, interim, not HTTP at all)."""
 
 from __future__ import annotations
 
@@ -252,8 +253,8 @@ def test_replica_answers_in_each_framing_reach_the_client_whole():
     closing = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the close"
     interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Kept: yes\r\n\r\nok"
     empty = b"HTTP/1.1 204 No Content\r\nX-Kept: yes\r\n\r\n"
-    results = {name: run_apart(through_raw_replica(answer))
-               for name, answer in (("chunked", chunked), ("closing", closing), ("interim", interim), ("empty", empty))}  # fmt: skip
+    answers = {"chunked": chunked, "closing": closing, "interim": interim, "empty": empty}
+    results = {name: run_apart(through_raw_replica(answer)) for name, answer in answers.items()}
     assert results["chunked"][0][0] == 200 and results["chunked"][0][2] == b"hello world"
     assert results["closing"][0][0] == 200 and results["closing"][0][2] == b"until the close"
     assert results["interim"][0][0] == 201 and results["interim"][0][2] == b"ok"
