@@ -16,7 +16,8 @@ turn, in order. A client that goes away (or closes its sending side: HTTP/1.1
 clients do not half-close) cancels its request's task, so a held or forwarded
 request does not outlive it. A request over ``max_body`` is answered
 413, bad HTTP 400, and a handler that fails or answers nothing 500; each closes
-the connection.
+the connection. A connection that has not sent a whole request for ``IDLE_S``
+(75 s, as nginx and aiohttp keep an idle one) is closed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger("gpushare.gateway")
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 REFUSED_CODES = {413: "too_large", 500: "server_error", 501: "not_implemented"}
 PIPELINED_MAX = 16  # requests read ahead of the one being answered; reading pauses beyond that
+IDLE_S = 75.0  # a connection with no request in progress is closed once it has not sent a whole one for this
 Header = tuple[bytes, bytes]
 
 
@@ -136,9 +138,11 @@ Handler = Callable[[Request, Reply], Awaitable[None]]
 class Connection(asyncio.Protocol):
     """One client connection: parses requests and runs the handler on each, one at a time, in order."""
 
-    def __init__(self, handler: Handler, max_body: int):
+    def __init__(self, handler: Handler, max_body: int, idle_s: float = IDLE_S):
         self.handler = handler
         self.max_body = max_body
+        self.idle_s = idle_s
+        self.idle_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.peer = None
@@ -158,6 +162,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.idle_from_now()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -183,6 +188,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.lost = True
         self.waiting.clear()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
         if self.task is not None:
             self.task.cancel()  # the client went away: nobody waits for this answer
         if self.drain_waiter is not None and not self.drain_waiter.done():
@@ -229,6 +236,9 @@ class Connection(asyncio.Protocol):
         version = parser.get_http_version()
         request = Request(parser.get_method(), self._url, self._headers, b"".join(self._body), version,
                           parser.should_keep_alive(), self.peer)  # fmt: skip
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         if self.task is None:
             self.run(request)
         else:
@@ -272,6 +282,13 @@ class Connection(asyncio.Protocol):
             if self.paused_reading and len(self.waiting) < PIPELINED_MAX // 2:
                 self.paused_reading = False
                 self.transport.resume_reading()
+        else:
+            self.idle_from_now()
+
+    def idle_from_now(self) -> None:
+        """Close the connection unless a whole request arrives within ``idle_s`` (kept-alive connections
+        left open, and clients that send a request a byte at a time, do not hold the gateway's sockets)."""
+        self.idle_timer = asyncio.get_running_loop().call_later(self.idle_s, self.close)
 
     def refuse(self, status: int, message: str) -> None:
         """A request that cannot be read: answered (unless one is being answered) and the connection closed."""
@@ -303,13 +320,13 @@ class TooLarge(Exception):
     """A request body over the server's limit."""
 
 
-async def serve(handler: Handler, host: str, port: int, *, max_body: int = 10 << 20,
+async def serve(handler: Handler, host: str, port: int, *, max_body: int = 10 << 20, idle_s: float = IDLE_S,
                 sock: socket.socket | None = None) -> asyncio.Server:  # fmt: skip
     """Listen on ``host``:``port`` (or on ``sock``) and answer each request with ``handler``."""
     loop = asyncio.get_running_loop()
 
     def protocol() -> Connection:
-        return Connection(handler, max_body)
+        return Connection(handler, max_body, idle_s)
 
     if sock is not None:
         return await loop.create_server(protocol, sock=sock, backlog=1024)

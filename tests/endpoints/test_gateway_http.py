@@ -322,3 +322,37 @@ def test_a_percent_encoded_tenant_or_endpoint_name_routes_as_its_decoded_self():
         return status, json.loads(body)["target"]
 
     assert run_apart(with_echo(scenario)) == (200, "/p")
+
+
+def test_a_connection_that_sends_no_whole_request_is_closed_after_the_idle_time():
+    """Idle kept-alive connections, and a client that sends a request a byte at a time, are let go; a
+    request being answered, however long, is not cut by it."""
+
+    async def handler(request, reply):
+        await asyncio.sleep(0.5)  # longer than the idle time: answering is not idling
+        reply.send(200, [], b"late")
+
+    async def scenario():
+        server = await serve(handler, "127.0.0.1", 0, idle_s=0.3)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            silent_reader, silent = await asyncio.open_connection("127.0.0.1", port)
+            slow_reader, slow = await asyncio.open_connection("127.0.0.1", port)
+            slow.write(b"GET / HT")  # and never the rest
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+            answered = await read_answer(reader)
+            started = asyncio.get_running_loop().time()
+            closed = await asyncio.wait_for(reader.read(), 2) == b""  # kept alive, then idle: closed
+            idle_for = asyncio.get_running_loop().time() - started
+            silent_closed = await asyncio.wait_for(silent_reader.read(), 2) == b""
+            slow_closed = await asyncio.wait_for(slow_reader.read(), 2) == b""
+            for w in (silent, slow, writer):
+                w.close()
+            return answered[0], answered[2], closed, round(idle_for, 1), silent_closed, slow_closed
+        finally:
+            server.close()
+
+    status, body, closed, idle_for, silent_closed, slow_closed = run_apart(scenario())
+    assert (status, body, closed, silent_closed, slow_closed) == (200, b"late", True, True, True)
+    assert 0.2 <= idle_for <= 1.0
