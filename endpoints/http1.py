@@ -264,16 +264,14 @@ class Connection(asyncio.Protocol):
         except Exception:
             log.exception("the gateway failed answering %s %r", request.method.decode(), request.target[:200])
             if not reply.status:
-                reply.keep_alive = False
-                body = {"error": {"code": "server_error", "message": "the gateway failed", "fields": {}}}
-                reply.send(500, [(b"Content-Type", b"application/json; charset=utf-8")], json.dumps(body).encode())
+                server_error(reply, "the gateway failed")
             self.close()
             return
         finally:
             self.task = None
         if not reply.status:
-            reply.keep_alive = False
-            reply.send(500, [], b"")
+            log.error("the gateway answered nothing to %s %r", request.method.decode(), request.target[:200])
+            server_error(reply, "the gateway answered nothing")
         if not reply._ended or not reply.keep_alive:
             self.close()
             return
@@ -314,6 +312,13 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+def server_error(reply: Reply, message: str) -> None:
+    """A 500 in the API's error shape, and the connection closed after it."""
+    reply.keep_alive = False
+    body = {"error": {"code": "server_error", "message": message, "fields": {}}}
+    reply.send(500, [(b"Content-Type", b"application/json; charset=utf-8")], json.dumps(body).encode())
 
 
 class TooLarge(Exception):

@@ -356,3 +356,20 @@ def test_a_connection_that_sends_no_whole_request_is_closed_after_the_idle_time(
     status, body, closed, idle_for, silent_closed, slow_closed = run_apart(scenario())
     assert (status, body, closed, silent_closed, slow_closed) == (200, b"late", True, True, True)
     assert 0.2 <= idle_for <= 1.0
+
+
+def test_a_handler_that_answers_nothing_is_500_in_the_error_shape():
+    async def handler(request, reply):
+        return None  # forgot to answer
+
+    async def scenario():
+        server = await serve(handler, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+        status, _, body = await read_answer(reader)
+        closed = await reader.read() == b""
+        writer.close()
+        server.close()
+        return status, json.loads(body)["error"]["code"], closed
+
+    assert run_apart(scenario()) == (500, "server_error", True)
