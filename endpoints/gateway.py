@@ -57,7 +57,6 @@ HOP_BY_HOP = {
     b"content-length",
 }
 FORWARD_DROPPED = HOP_BY_HOP | {b"expect"}  # the gateway answers 100-continue itself
-BUFFERED_MAX = 1 << 20  # an answer of a known length up to this is read whole and sent in one write
 MAX_BODY = 10 << 20
 TOKEN_CACHE_S = 5.0
 FORCED_REFRESH_S = 0.2  # at most this often when a request names an endpoint not in the table
@@ -441,7 +440,7 @@ class Gateway:
         sent = upstream_request(request, replica)
         async with self.upstream.exchange(replica.address, replica.port, sent) as answer:
             headers = [(k, v) for k, v in answer.headers if k.lower() not in HOP_BY_HOP]
-            if answer.framing == "none" or (answer.framing == "length" and answer.length <= BUFFERED_MAX):
+            if answer.whole:
                 reply.send(answer.status, headers, await answer.read())
                 return True
             reply.start(answer.status, headers, answer.length if answer.framing == "length" else None)

@@ -73,7 +73,7 @@ class Reply:
 
     ``status`` is what was sent (0 before). Writing to a client that went away raises ConnectionResetError."""
 
-    __slots__ = ("connection", "head_only", "keep_alive", "status", "chunked", "_ended")
+    __slots__ = ("connection", "head_only", "keep_alive", "status", "chunked", "ended")
 
     def __init__(self, connection: Connection, request: Request):
         self.connection = connection
@@ -81,7 +81,7 @@ class Reply:
         self.keep_alive = request.keep_alive
         self.status = 0
         self.chunked = False
-        self._ended = False
+        self.ended = False  # the whole answer was written: the connection may carry the next request
 
     def _head(self, status: int, headers: list[Header], framing: bytes) -> bytearray:
         if self.status:
@@ -101,7 +101,7 @@ class Reply:
         head = self._head(status, headers, b"Content-Length: %d\r\n" % len(body))
         if not self.head_only:
             head += body
-        self._ended = True
+        self.ended = True
         self.connection.write(head)
 
     def start(self, status: int, headers: list[Header], length: int | None = None) -> None:
@@ -124,7 +124,7 @@ class Reply:
     def finish(self) -> None:
         if self.chunked and not self.head_only:
             self.connection.write(b"0\r\n\r\n")
-        self._ended = True
+        self.ended = True
 
     def abort(self) -> None:
         """Close the client's connection: an answer that broke off must not pass for a whole one."""
@@ -272,7 +272,7 @@ class Connection(asyncio.Protocol):
         if not reply.status:
             log.error("the gateway answered nothing to %s %r", request.method.decode(), request.target[:200])
             server_error(reply, "the gateway answered nothing")
-        if not reply._ended or not reply.keep_alive:
+        if not reply.ended or not reply.keep_alive:
             self.close()
             return
         if self.waiting:

@@ -32,7 +32,7 @@ import httptools
 CONNECT_TIMEOUT_S = 2.0
 IDLE_KEPT = 512  # idle connections kept per replica; more are closed when they come back
 HEAD_LIMIT = 64 << 10  # the status line and headers
-WHOLE_MAX = 1 << 20  # an answer of a known length up to this is handed over once it is all in
+WHOLE_MAX = 1 << 20  # an answer of a known length up to this is handed over once it is all in (Answer.whole)
 HELD_MAX = 256 << 10  # a streamed answer's bytes held for a slow client; the replica is not read beyond that
 NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -64,6 +64,12 @@ class Answer:
         self.held: deque[bytes] = deque()  # body bytes read and not yet taken
         self.held_bytes = 0
         self.waiter: asyncio.Future | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Handed over with its body all in (no body, or a known length up to ``WHOLE_MAX``): ``read`` it and
+        send it in one write. Else the body streams (``body``)."""
+        return self.framing == "none" or (self.framing == "length" and self.length <= WHOLE_MAX)
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -212,8 +218,8 @@ class Connection(asyncio.Protocol):
             framing = "none"
             keep_alive = keep_alive and not self.head_only  # the parser still waits for a HEAD answer's body
         self.answer = Answer(self, status, self._headers, framing, length, keep_alive)
-        if framing != "length" or length > WHOLE_MAX:
-            self._resolve()  # a small answer is handed over whole: one wake-up of the gateway, not two
+        if not self.answer.whole or framing == "none":
+            self._resolve()  # else handed over once its body is in: one wake-up of the gateway, not two
 
     def _resolve(self) -> None:
         head, self.head = self.head, None

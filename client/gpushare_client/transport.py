@@ -24,7 +24,7 @@ import threading
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from urllib3.exceptions import NewConnectionError, ProtocolError, ReadTimeoutError
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -96,7 +96,7 @@ class Direct:
                 return answer
             try:
                 retry = retry.increment(method, url, response=answer)
-            except Exception:  # noqa: BLE001 - spent on statuses: the last answer is the caller's (raise_on_status=False)
+            except MaxRetryError:  # spent on statuses: the last answer is the caller's (raise_on_status=False)
                 return answer
             retry.sleep(answer)
 

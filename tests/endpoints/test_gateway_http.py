@@ -198,21 +198,23 @@ def test_a_client_that_leaves_while_its_request_is_held_lets_it_go():
     assert run_apart(scenario()) == (1, 0, 0, 0, 1)
 
 
+async def served_once(handler) -> tuple[int, str, bool]:
+    """(status, error code, connection closed after) of one GET answered by ``handler`` on a bare server."""
+    server = await serve(handler, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
+    status, _, body = await read_answer(reader)
+    closed = await reader.read() == b""
+    writer.close()
+    server.close()
+    return status, json.loads(body)["error"]["code"], closed
+
+
 def test_a_handler_that_fails_is_500_in_the_error_shape_and_the_connection_closed():
     async def handler(request, reply):
         raise RuntimeError("boom")
 
-    async def scenario():
-        server = await serve(handler, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
-        status, _, body = await read_answer(reader)
-        closed = await reader.read() == b""
-        writer.close()
-        server.close()
-        return status, json.loads(body)["error"]["code"], closed
-
-    assert run_apart(scenario()) == (500, "server_error", True)
+    assert run_apart(served_once(handler)) == (500, "server_error", True)
 
 
 def test_the_ops_paths_answer_get_and_refuse_other_methods_and_unknown_paths_are_404():
@@ -362,14 +364,4 @@ def test_a_handler_that_answers_nothing_is_500_in_the_error_shape():
     async def handler(request, reply):
         return None  # forgot to answer
 
-    async def scenario():
-        server = await serve(handler, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        writer.write(b"GET / HTTP/1.1\r\nHost: g\r\n\r\n")
-        status, _, body = await read_answer(reader)
-        closed = await reader.read() == b""
-        writer.close()
-        server.close()
-        return status, json.loads(body)["error"]["code"], closed
-
-    assert run_apart(scenario()) == (500, "server_error", True)
+    assert run_apart(served_once(handler)) == (500, "server_error", True)
