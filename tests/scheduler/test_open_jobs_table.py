@@ -143,9 +143,30 @@ def test_the_table_follows_every_change_of_a_job(sched, tenant, other_tenant, dj
     assert_table_true([tenant, other_tenant])
 
 
-def test_the_triggers_know_the_open_states_the_application_does():
-    migration = importlib.import_module("scheduler.migrations.0006_open_jobs")
+@pytest.mark.parametrize("name", ["0006_open_jobs", "0010_open_jobs_moved_per_statement"])
+def test_the_triggers_know_the_open_states_the_application_does(name):
+    migration = importlib.import_module(f"scheduler.migrations.{name}")
     assert migration.OPEN == "(" + ", ".join(f"'{s}'" for s in sorted(OPEN_STATES, key=list(JobState).index)) + ")"
+
+
+def test_one_statement_that_moves_many_jobs_appends_one_change_per_tenant_and_class(sched, tenant, other_tenant):
+    """A bulk cancel (an array's, an operator's) or a pass placing many jobs is one UPDATE: the table of open
+    jobs follows it in one statement per kind of move, so the counts get one change per (tenant, class)
+    it moved, not one per job (each would be read by every admission of the tenant until the next fold)."""
+    spec = JobSpec(kind="inference", gpu_milli=125, command=["true"])
+    for owner in (tenant, other_tenant):
+        job_array_submit(tenant=owner, user=None, spec=spec, array=array_parse({"count": 50}))
+    arrays_waiting_make()
+    counts_fold()
+    with scopes_disabled():
+        queued = list(Job.objects.filter(state=JobState.QUEUED).values_list("pk", flat=True))
+        groups = set(Job.objects.filter(pk__in=queued).values_list("tenant_id", "priority_id"))
+        Job.objects.filter(pk__in=queued[::2]).update(state=JobState.CANCELLED)  # open -> closed
+        assert OpenJobCountChange.objects.count() == len(groups) == 2
+        Job.objects.filter(pk__in=queued[1::2]).update(state=JobState.SCHEDULED)  # queued -> placed, still open
+        Job.objects.filter(pk__in=queued[1::2]).update(pending_reason="rewritten")  # no move: no change
+        assert OpenJobCountChange.objects.count() == 2 * len(groups)
+    assert_table_true([tenant, other_tenant])
 
 
 def test_the_counts_triggers_name_the_queued_state_the_application_does():
@@ -184,6 +205,9 @@ def test_counts_hold_through_random_changes_and_folds(sched, tenant, other_tenan
                 spec = JobSpec(kind="inference", gpu_milli=250, command=["true"])
                 job_array_submit(tenant=rng.choice(tenants), user=None, spec=spec, array=array_parse({"count": 3}))
                 arrays_waiting_make()
+            elif move < 0.5:  # one statement moving many jobs, of both tenants, some of them nowhere
+                picked = [pk for pk, _ in rng.sample(jobs, min(len(jobs), rng.randint(2, 12)))]
+                Job.objects.filter(pk__in=picked).update(state=rng.choice(list(JobState)))
             elif move < 0.85:
                 pk, _ = rng.choice(jobs)
                 state = rng.choice([JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTED,
