@@ -236,16 +236,20 @@ def test_submit_rounds_alternate_which_system_goes_first_and_keep_every_figure(m
     ours, theirs = _FakeSystem("gpushare", log), _FakeSystem("slurm-tuned", log)
     figures = sbs.submit_rounds(ours, theirs, n=8, log=lambda _: None)
     holds = [name for name, what in log if what == "hold"]
-    per_round = len(sbs.CLIENTS) * 2 + 2  # one-job submits per client count, then one array, for both
+    arrays = sbs.ARRAY_ROUND_CALLS
+    per_round = (len(sbs.CLIENTS) + arrays) * 2  # one-job submits per client count, then the arrays, for both
     firsts = [holds[i * per_round] for i in range(sbs.SUBMIT_ROUNDS)]
     assert firsts == ["slurm-tuned", "gpushare", "slurm-tuned"][: sbs.SUBMIT_ROUNDS]
+    array_turns = [holds[i * per_round + len(sbs.CLIENTS) * 2 :][: arrays * 2] for i in range(sbs.SUBMIT_ROUNDS)]
+    assert array_turns[0] == ["slurm-tuned", "gpushare"] * arrays  # the arrays take turns, in the round's order
+    assert array_turns[1] == ["gpushare", "slurm-tuned"] * arrays
     for name in ("gpushare", "slurm-tuned"):
         assert {k: len(v) for k, v in figures[name].items()} == {
             "submit_1c_per_s": sbs.SUBMIT_ROUNDS,
             "submit_4c_per_s": sbs.SUBMIT_ROUNDS,
             "cpu_1c_ms": sbs.SUBMIT_ROUNDS,
             "cpu_4c_ms": sbs.SUBMIT_ROUNDS,
-            "array_submit_s": sbs.SUBMIT_ROUNDS,
+            "array_submit_s": sbs.SUBMIT_ROUNDS * arrays,
             sbs.CPU_SPLIT: len(sbs.CLIENTS),
         }
         for clients in sbs.CLIENTS:  # each round's split per submit: the whole machine, the client, the rest
