@@ -16,9 +16,9 @@ OPEN = "('queued', 'scheduled', 'running', 'preempted')"  # scheduler.models.OPE
 # rewriting pending reasons, usage totals) reads its transition tables once and stops. Transition tables
 # cannot go with a column list (UPDATE OF ...), so every UPDATE of scheduler_job keeps its old and new rows
 # for the trigger; measured on 20,000 queued jobs (docs/benchmarks.md, session 23): 1,000 cancelled
-# 60 -> 36 ms, 1,000 placed 85 -> 41 ms, 10,000 pending reasons and 500 usage totals unchanged, a one-job
-# UPDATE that moves nothing ~+20 us. Deletions keep their row trigger: its WHEN skips the finished jobs a
-# purge deletes.
+# 60-86 -> 36-39 ms, 3,000 placed by the pass's UPDATE 240 -> 110 ms, 7,000 pending reasons and 500 usage
+# totals the same within the noise, a one-job UPDATE ~+17 us. Deletions keep their row trigger: its WHEN
+# skips the finished jobs a purge deletes.
 TRIGGERS = f"""
 DROP TRIGGER scheduler_job_open_changed ON scheduler_job;
 DROP FUNCTION scheduler_open_job_changed();
