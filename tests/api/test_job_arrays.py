@@ -157,6 +157,28 @@ def test_cancel_the_group_and_one_task(rules, tenant, api_client_for):
     assert client.post(f"/api/v1/arrays/{array['id']}/cancel/").json()["states"] == {"cancelled": 4}  # twice: same
 
 
+def test_a_group_cancel_records_each_task_from_the_state_it_left(rules, tenant, api_client_for):
+    """Queued and preempted tasks are cancelled at once, each with its finish time, its reason and a
+    "cancelled" event from the state it was in; a finished task is left as it ended."""
+    client = api_client_for(tenant)
+    array = client.post("/api/v1/jobs/", {**BODY, "array": {"count": 4}}, format="json").json()
+    client.get(f"/api/v1/jobs/?array={array['id']}")
+    tasks = tasks_of(array["id"])
+    with scopes_disabled():
+        Job.objects.filter(pk=tasks[1].pk).update(state="preempted")
+        Job.objects.filter(pk=tasks[3].pk).update(state="succeeded")
+    assert client.post(f"/api/v1/arrays/{array['id']}/cancel/").json()["states"] == {"cancelled": 3, "succeeded": 1}
+    with scopes_disabled():
+        events = dict(
+            JobEvent.objects.filter(job__array_id=array["id"], to_state="cancelled").values_list("job_id", "from_state")
+        )
+        ended = {t.pk: t for t in tasks_of(array["id"])}
+    assert events == {tasks[0].pk: "queued", tasks[1].pk: "preempted", tasks[2].pk: "queued"}
+    for pk in events:
+        assert ended[pk].finished_at is not None and ended[pk].stop_reason.startswith(f"array {array['id']} cancelled")
+    assert ended[tasks[3].pk].state == "succeeded" and ended[tasks[3].pk].finished_at is None
+
+
 def test_limits_apply_to_the_whole_array(rules, tenant, api_client_for):
     with scopes_disabled():
         TenantQuota.objects.create(tenant=tenant, max_open_jobs=10)
