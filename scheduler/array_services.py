@@ -227,7 +227,9 @@ def _waiting_cancel(array: JobArray, *, reason: str) -> int:
     now = timezone.now()
     if connection.vendor != "postgresql":
         waiting = list(
-            Job.objects.select_for_update().filter(array=array, state__in=CANCELLABLE_AT_ONCE).values_list("pk", "state")
+            Job.objects.select_for_update()
+            .filter(array=array, state__in=CANCELLABLE_AT_ONCE)
+            .values_list("pk", "state")
         )
         Job.objects.filter(pk__in=[pk for pk, _ in waiting]).update(
             state=JobState.CANCELLED, finished_at=now, stop_reason=reason[:200]
