@@ -36,6 +36,8 @@ from .services import (
 )
 
 CANCELLABLE_AT_ONCE = (JobState.QUEUED, JobState.PREEMPTED)
+assert all(JobState.CANCELLED in TRANSITIONS[state] for state in CANCELLABLE_AT_ONCE)
+EVENT_FIELDS = tuple(EVENT_COLUMNS.split(", "))  # a timeline event's columns, as rows_insert takes them
 
 
 WAITING_FOR_A_PASS = "waiting for the next scheduling pass"
@@ -164,7 +166,7 @@ def submitted_events_insert(*, tenant_id: int, at, job_ids: list[int]) -> None:
     if connection.vendor != "postgresql":
         rows_insert(
             JobEvent,
-            tuple(EVENT_COLUMNS.split(", ")),
+            EVENT_FIELDS,
             [(tenant_id, job_id, at, "", JobState.QUEUED, "submitted") for job_id in job_ids],
         )
         return
@@ -215,16 +217,13 @@ def job_array_cancel(*, array: JobArray, actor=None, reason: str = "") -> int:
     return cancelled + len(placed)
 
 
-assert all(JobState.CANCELLED in TRANSITIONS[state] for state in CANCELLABLE_AT_ONCE)
-
-
 def _waiting_cancel(array: JobArray, *, reason: str) -> int:
     """Cancel the array's tasks that wait (queued, preempted), each with its "cancelled" event; how many.
 
     PostgreSQL: one statement (the tasks locked, updated, and their events written from the old states),
     not 1,000 ids read into Python and 1,000 events built there: a 1,000-task group cancel through the API
     took 67-107 ms, 103-134 ms before (docs/benchmarks.md, session 23). Elsewhere the ORM."""
-    now = timezone.now()
+    now, stop_reason, detail = timezone.now(), reason[:200], reason[:300]  # as long as their columns
     if connection.vendor != "postgresql":
         waiting = list(
             Job.objects.select_for_update()
@@ -232,12 +231,12 @@ def _waiting_cancel(array: JobArray, *, reason: str) -> int:
             .values_list("pk", "state")
         )
         Job.objects.filter(pk__in=[pk for pk, _ in waiting]).update(
-            state=JobState.CANCELLED, finished_at=now, stop_reason=reason[:200]
+            state=JobState.CANCELLED, finished_at=now, stop_reason=stop_reason
         )
         rows_insert(
             JobEvent,
-            tuple(EVENT_COLUMNS.split(", ")),
-            [(array.tenant_id, pk, now, state, JobState.CANCELLED, reason[:300]) for pk, state in waiting],
+            EVENT_FIELDS,
+            [(array.tenant_id, pk, now, state, JobState.CANCELLED, detail) for pk, state in waiting],
         )
         return len(waiting)
     jobs, events = Job._meta.db_table, JobEvent._meta.db_table
@@ -254,11 +253,11 @@ def _waiting_cancel(array: JobArray, *, reason: str) -> int:
                 list(CANCELLABLE_AT_ONCE),
                 JobState.CANCELLED,
                 now,
-                reason[:200],
+                stop_reason,
                 array.tenant_id,
                 now,
                 JobState.CANCELLED,
-                reason[:300],
+                detail,
             ],
         )
         return cursor.rowcount
