@@ -1,5 +1,6 @@
-# The placement core compiled with mypyc (scheduler/placement/native.py), in a stage of its own: the
-# image itself carries no compiler. The same base image, so the build's interpreter digest matches.
+# The placement core compiled with mypyc (scheduler/placement/native.py) and the agent's launch helper
+# (agents/agent/jobexec.c), in a stage of their own: the image itself carries no compiler. The same base
+# image, so the build's interpreter digest matches.
 FROM python:3.11-slim AS native
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
@@ -8,6 +9,9 @@ RUN grep -E '^mypy==' requirements-dev.txt | pip install --no-cache-dir -r /dev/
 COPY scheduler/placement scheduler/placement
 COPY scripts/native_build.py scripts/
 RUN python scripts/native_build.py
+COPY agents/agent/jobexec.c agents/agent/
+COPY scripts/jobexec_build.py scripts/
+RUN python scripts/jobexec_build.py
 
 # One image for web, worker, beat and the node agent.
 FROM python:3.11-slim
@@ -19,6 +23,7 @@ COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 COPY . .
 COPY --from=native /app/build/native build/native
+COPY --from=native /app/build/agent build/agent
 RUN pip install --no-cache-dir --no-deps -e . && pip install --no-cache-dir --no-deps -e client \
     && DJANGO_SETTINGS_MODULE=gpushare.settings.dev python manage.py collectstatic --noinput -v 0
 # /app/var holds local state; its subfolders are mount points (compose volumes, Kubernetes

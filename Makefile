@@ -28,10 +28,12 @@ $(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
 	@touch $@
 
 run: $(VENV)/.installed
+	-$(BIN)/python scripts/jobexec_build.py  # without it the agent drops privileges in Python
 	$(BIN)/python scripts/run.py
 
 native: $(VENV)/.installed-dev
 	$(BIN)/python scripts/native_build.py
+	$(BIN)/python scripts/jobexec_build.py
 
 test: native
 	$(BIN)/python scripts/services_check.py

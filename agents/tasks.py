@@ -22,6 +22,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from billing import services as billing_services
+from gpushare.db.durability import flushed_once
 from scheduler import services as scheduler_services
 
 from . import services
@@ -141,7 +142,8 @@ def job_exited_task(node, body, seqs) -> None:
 @report_task(p.R_JOB_EVENTS)
 def job_events_task(node, body, seqs) -> None:
     """Consecutive starts and exits of one node, in its order, each in its own transaction (a retry of the
-    batch after a lost deadlock acts again only on what was not stored: the handlers are idempotent).
+    batch after a lost deadlock acts again only on what was not stored: the handlers are idempotent), which
+    do not each wait for the disk: the batch waits once, before it is acknowledged (``flushed_once``).
     A malformed event is refused alone and recorded; the batch is acknowledged as a whole once handled.
 
     The exits' last usage windows are all stored first, as one ingest batch (one transaction and a fixed
@@ -154,9 +156,10 @@ def job_events_task(node, body, seqs) -> None:
             events.append(p.job_event_parse(event))
         except p.ProtocolError as exc:
             services.link_refusal_record(node=node, direction="report", task=p.R_JOB_EVENTS, reason=str(exc))
-    _windows_store(node, [w for task, fields in events if task == p.R_JOB_EXITED for w in fields["windows"]])
-    for task, fields in events:
-        JOB_EVENT_HANDLERS[task](node, fields)
+    with flushed_once():  # one wait for the disk for the batch, before its acknowledgement
+        _windows_store(node, [w for task, fields in events if task == p.R_JOB_EXITED for w in fields["windows"]])
+        for task, fields in events:
+            JOB_EVENT_HANDLERS[task](node, fields)
 
 
 @report_task(p.R_USAGE)

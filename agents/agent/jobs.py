@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from .cgroups import JobCgroup
+from .jobexec import environment_file, jobexec_argv
 from .sandbox import Drop
 
 log = logging.getLogger(__name__)
@@ -388,14 +389,16 @@ def launch(
     docker_options: DockerOptions | None = None,
     env_file: Path | None = None,
     cgroup_root: Path | None = None,
+    jobexec: Path | None = None,
 ) -> RunningJob:
     """Start the job's command in its own session (process group); with
     ``docker``, start ``docker run`` of the job's image instead.
 
     ``workdir`` already exists, private to the job (``sandbox.workdir_make``).
     The child joins the job's cgroup, drops to the job's uid and sets
-    ``no_new_privs`` in this process's own code (``sandbox.Drop``) before
-    ``execve``; the job's environment reaches only the job's program.
+    ``no_new_privs`` before ``execve``: in the launch helper ``jobexec`` when
+    given (``jobexec.py``: the same steps in C), else in this process's own
+    code (``sandbox.Drop``); the job's environment reaches only the job's program.
     """
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.close(log_fd)
@@ -434,17 +437,28 @@ def launch(
             umask=drop.umask,
         )
     started_ms = now_ms()
+    env_fd = environment_file(env) if jobexec is not None else -1
     try:
+        if jobexec is not None:  # the drop in the helper's C, so this is a vfork (jobexec.py)
+            command, child_env, pass_fds, preexec = (
+                jobexec_argv(jobexec, env_fd=env_fd, drop=drop, argv=argv),
+                {},
+                (env_fd,),
+                None,
+            )
+        else:  # our own code in the forked child: no lock, no logging, no import (sandbox.Drop)
+            command, child_env, pass_fds, preexec = argv, env, (), drop
         proc = subprocess.Popen(
-            argv,
+            command,
             cwd=workdir,
-            env=env,
+            env=child_env,
+            pass_fds=pass_fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=drop,  # our own code: no lock, no logging, no import (sandbox.Drop)
+            preexec_fn=preexec,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         with open(log_path, "ab") as out:
@@ -458,6 +472,9 @@ def launch(
         if cgroup is not None:
             cgroup.remove()
         return job
+    finally:
+        if env_fd >= 0:
+            os.close(env_fd)
     capture = LogCapture(proc.stdout, log_path, log_cap)
     capture.start()
     job = RunningJob(
