@@ -7,7 +7,9 @@ A warm request reads nothing from Redis: this process's key watch
 (``gpushare.keywatch``) is told of every change of a version key and drops the
 check at once, and the request's rate limits are spent from leases (below). When
 the watch is not live, or a lease has run out, one script call (~0.1 ms) reads the
-version and renews the leases (``gpushare.throttling``). Whatever may change the
+version and renews the leases (``gpushare.throttling``). A lease that ended with
+requests left (its client went quiet) lends the next request one of them and is
+renewed after the response: a request after an idle second makes no round trip. Whatever may change the
 outcome of a check bumps the version of every token it affects:
 
 - revoking a token, editing or deleting it;
@@ -57,6 +59,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from gpushare.after_response import after_response
 from gpushare.keywatch import KeyWatch, watch_for
 from gpushare.ratelimit import GCRA_FUNCTION, script_run
 
@@ -177,6 +180,18 @@ def _check_script(client):
 RatePlan = tuple[str, int, int]  # a rate limit's key, interval and burst (µs): gpushare.ratelimit
 
 
+class Renewal(NamedTuple):
+    """A lease to renew: its limit, the requests wanted and handed back; ``served``: the request that asks
+    was let through already (on what the ended lease had left), so it takes none of the new one."""
+
+    key: str
+    interval: int
+    burst: int
+    want: int
+    back: int
+    served: bool = False
+
+
 class Lookup(NamedTuple):
     entry: Entry | None  # the cached check, still valid
     version: bytes | None  # the token's current version (None: Redis did not answer, cache nothing)
@@ -194,7 +209,8 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
 
     **No round trip** when the entry is trusted under the live key watch (no notice has named the
     token since it was stored: ``gpushare.keywatch``) and every limit has a request left in this
-    process's lease. Otherwise one round trip reads the version and renews the leases that ran out.
+    process's lease, live or ended (an ended one is renewed after the response: ``_leases_take``).
+    Otherwise one round trip reads the version and renews the leases that ran out.
 
     The limits are counted before the version says whether the principal still holds: a refused
     token has spent one request of its allowance, as any request does.
@@ -211,14 +227,17 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
         forget(digest)
         entry = None
     plans = rates(entry.principal) if rates is not None and entry is not None else []
-    waits, renew = _leases_take(plans, now)
+    waits, renew, later = _leases_take(plans, now)
     if live and not renew and entry is not None and entry.epoch == watch.epoch:
+        if later:
+            after_response(lambda: _renew_later(digest, later))
         return Lookup(entry, entry.version, waits, seen)
+    renew += later  # a round trip now anyway: the ended leases are renewed with it
     args: list = [_fresh_version(), KEY_TTL_S]
-    for _, interval, burst, want, back in renew:
-        args += [interval, burst, want, back]
+    for renewal in renew:
+        args += [renewal.interval, renewal.burst, renewal.want, renewal.back]
     try:
-        answer = script_run(client, _check_script(client), [_key(digest), *(r[0] for r in renew)], args)
+        answer = script_run(client, _check_script(client), [_key(digest), *(r.key for r in renew)], args)
     except redis.RedisError:
         log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
         return NOTHING
@@ -271,13 +290,19 @@ def _lease_cap(interval: int, burst: int) -> int:
     return max(1, (burst // interval + 1) // LEASE_SHARE)
 
 
-def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], list[tuple]]:
-    """Each plan's request from its lease where one is left ({key: 0}), and the renewals the others need:
-    (key, interval, burst, requests wanted, requests handed back)."""
+def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], list[Renewal], list[Renewal]]:
+    """Each plan's request from its lease where one is left ({key: 0}); the renewals the others need before
+    the request is answered; and the renewals that can wait until after the response.
+
+    A lease that ended with requests left (its client went quiet) lends this request one of them: they are
+    counted in Redis already, so the limit holds, and the request needs no round trip. The rest is handed
+    back, and a new lease asked for, after the response. A lease that ran out, or never was, is renewed first.
+    """
     waits: dict[str, int] = {}
-    renew: list[tuple] = []
+    renew: list[Renewal] = []
+    later: list[Renewal] = []
     if not plans:
-        return waits, renew
+        return waits, renew, later
     with _lock:
         for key, interval, burst in plans:
             lease = _leases.get(key)
@@ -287,37 +312,59 @@ def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], lis
                 continue
             if lease is None or lease.plan != (interval, burst):
                 want, back = 1, 0
-            elif lease.left:  # ended with requests left: hand them back, ask for fewer
-                want, back = max(1, lease.size // 2), lease.left
+            elif lease.left:  # ended with requests left: this request takes one, the rest go back, ask for fewer
+                waits[key] = 0
+                later.append(Renewal(key, interval, burst, max(1, lease.size // 2), lease.left - 1, served=True))
+                _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=max(1, lease.size // 2))
+                continue
             elif lease.until > now:  # ran out before it ended: ask for more
                 want, back = min(_lease_cap(interval, burst), lease.size * 2), 0
             else:
                 want, back = min(_lease_cap(interval, burst), lease.size), 0
             _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)  # handed back once
-            renew.append((key, interval, burst, want, back))
-    return waits, renew
+            renew.append(Renewal(key, interval, burst, want, back))
+    return waits, renew, later
 
 
-def _leases_grant(renew: list[tuple], answers: list, now: float) -> dict[str, int]:
-    """The renewals' answers (granted, wait) per key: this request takes one granted request, the lease
-    keeps the rest."""
+def _leases_grant(renew: list[Renewal], answers: list, now: float) -> dict[str, int]:
+    """The renewals' answers (granted, wait) per key: a request not served yet takes one granted request
+    (its wait is answered), the lease keeps the rest."""
     waits = {}
     with _lock:
-        for (key, interval, burst, want, _), granted, wait in zip(
-            renew, answers[::2], answers[1::2], strict=True
-        ):  # fmt: skip
+        for renewal, granted, wait in zip(renew, answers[::2], answers[1::2], strict=True):
+            key, interval, burst, want = renewal.key, renewal.interval, renewal.burst, renewal.want
             granted = int(granted)
-            waits[key] = 0 if granted else int(wait)
+            taken = 0 if renewal.served else 1
+            if not renewal.served:
+                waits[key] = 0 if granted else int(wait)
             lease = _leases.get(key)
             if lease is None or lease.plan != (interval, burst):
                 lease = _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)
-            lease.left += max(0, granted - 1)
+            lease.left += max(0, granted - taken)
             lease.until = now + LEASE_S
             lease.size = max(1, granted)  # near the limit Redis grants fewer: grow from there
         if len(_leases) > MAX_ENTRIES * 2:  # one per token and tenant seen: drop the ended ones (unspent ones lost)
             for ended in [key for key, lease in _leases.items() if lease.until <= now]:
                 del _leases[ended]
     return waits
+
+
+def _renew_later(digest: str, later: list[Renewal]) -> None:
+    """After the response: hand back what the ended leases had left and take new ones (one round trip, as
+    ``lookup`` makes). The token's version comes back with them: a change seen drops its cached check."""
+    client = _redis()
+    args: list = [_fresh_version(), KEY_TTL_S]
+    for renewal in later:
+        args += [renewal.interval, renewal.burst, renewal.want, renewal.back]
+    try:
+        answer = script_run(client, _check_script(client), [_key(digest), *(r.key for r in later)], args)
+    except redis.RedisError:
+        log.warning("rate limits: Redis did not answer a renewal; the next request renews", exc_info=True)
+        return
+    _leases_grant(later, answer[1:], time.monotonic())
+    entry = _entries.get(digest)
+    if entry is not None and entry.version != answer[0]:
+        forget(digest)
 
 
 def forget(digest: str) -> None:

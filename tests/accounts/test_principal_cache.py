@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -249,6 +250,83 @@ def test_leased_requests_never_exceed_the_limit(issued, settings, monkeypatch):
     assert len(sent) < 330 // 3  # the limits were leased, not counted request by request
 
 
+def test_a_request_after_a_quiet_spell_is_answered_before_its_lease_is_renewed(issued, monkeypatch, settings):
+    """A lease that ended with requests left (the client went quiet) lends the next request one of them,
+    counted in Redis already: no round trip before the answer. Its renewal (the rest handed back, a new
+    lease taken) waits for the response to be sent."""
+    from gpushare import after_response
+
+    redis_cache(settings, issued)
+    client = client_with(issued.plaintext)
+    warm(client)
+    assert_trusted(issued.plaintext)
+    digest = token_hash(issued.plaintext)
+    principal_cache.lookup(digest, lambda principal: PLANS)  # leases of these limits, granted
+    now = time.monotonic()
+    for key in KEYS:  # the client went quiet: every lease ended with requests left
+        principal_cache._leases[key].left, principal_cache._leases[key].until = 5, now - 0.5
+    sent = redis_commands(monkeypatch)
+    after_response._local.pending = []  # inside a request, as AfterResponseMiddleware opens it
+    try:
+        found = principal_cache.lookup(digest, lambda principal: PLANS)
+        assert found.entry is not None and found.rate_waits == dict.fromkeys(KEYS, 0)
+        assert sent == []  # let through on the ended leases: nothing asked before the answer
+        assert len(after_response._local.pending) == 1
+    finally:
+        after_response._run_pending()  # the response is sent: the renewal runs
+    assert sent == ["EVALSHA"]
+    for key in KEYS:
+        lease = principal_cache._leases[key]
+        assert lease.until > time.monotonic() and lease.left >= 1  # a new lease; the request took none of it
+
+
+def test_a_lease_that_ran_out_is_renewed_before_the_answer(issued, monkeypatch, settings):
+    redis_cache(settings, issued)
+    client = client_with(issued.plaintext)
+    warm(client)
+    digest = token_hash(issued.plaintext)
+    principal_cache.lookup(digest, lambda principal: PLANS)
+    now = time.monotonic()
+    for key in KEYS:  # spent: near the limit, nothing to lend
+        principal_cache._leases[key].left, principal_cache._leases[key].until = 0, now - 0.5
+    sent = redis_commands(monkeypatch)
+    from gpushare import after_response
+
+    after_response._local.pending = []
+    try:
+        principal_cache.lookup(digest, lambda principal: PLANS)
+        assert sent == ["EVALSHA"] and after_response._local.pending == []
+    finally:
+        after_response._run_pending()
+
+
+def test_requests_let_through_on_ended_leases_never_exceed_the_limit(issued, settings, monkeypatch):
+    """Every third request finds its leases ended: it is let through on what they had left, and the client
+    still gets exactly its allowance, then 429."""
+    redis_cache(settings, issued)
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "tenant": "320/day"},
+    }
+    client = client_with(issued.plaintext)
+    lent = []
+    real = principal_cache._renew_later
+    monkeypatch.setattr(principal_cache, "_renew_later", lambda *a: lent.append(1) or real(*a))
+    answers = []
+    for n in range(330):
+        if n % 3 == 0:  # the client went quiet for a while
+            for lease in principal_cache._leases.values():
+                lease.until = min(lease.until, time.monotonic() - 0.001)
+        answers.append(client.get("/api/v1/").status_code)
+    assert answers.count(200) == 320 and answers[:320] == [200] * 320, answers
+    assert set(answers[320:]) == {429}
+    assert len(lent) > 10  # the ended leases did lend
+
+
+PLANS = [("throttle:test:a", 1_000_000, 60_000_000), ("throttle:test:b", 1_000_000, 60_000_000)]
+KEYS = [key for key, _, _ in PLANS]
+
+
 def test_a_version_changed_by_another_client_reaches_a_trusted_check_through_the_watch(issued, settings):
     """Nothing in this process forgets the check: only Redis's notice does, before the next request uses it."""
     import redis
@@ -375,6 +453,6 @@ def test_ended_leases_are_dropped_past_the_bound(monkeypatch):
     now = 1000.0
     for n in range(6):
         principal_cache._leases[f"ended:{n}"] = principal_cache.Lease(plan=(1, 1), left=3, until=now - 1, size=4)
-    principal_cache._leases_grant([("live", 1, 1, 1, 0)], [1, 0], now)
+    principal_cache._leases_grant([principal_cache.Renewal("live", 1, 1, 1, 0)], [1, 0], now)
     assert list(principal_cache._leases) == ["live"]
     principal_cache.clear()
