@@ -233,11 +233,8 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
             after_response(lambda: _renew_later(digest, later))
         return Lookup(entry, entry.version, waits, seen)
     renew += later  # a round trip now anyway: the ended leases are renewed with it
-    args: list = [_fresh_version(), KEY_TTL_S]
-    for renewal in renew:
-        args += [renewal.interval, renewal.burst, renewal.want, renewal.back]
     try:
-        answer = script_run(client, _check_script(client), [_key(digest), *(r.key for r in renew)], args)
+        answer = _check_run(client, digest, renew)
     except redis.RedisError:
         log.warning("auth cache: Redis did not answer; checking tokens in the database", exc_info=True)
         return NOTHING
@@ -250,6 +247,14 @@ def lookup(digest: str, rates: Callable[[object], list[RatePlan]] | None = None)
     if live and entry.epoch != watch.epoch and watch.poll() and watch.seen == seen:
         entry = _trusted(digest, entry, watch.epoch)  # nothing changed while Redis was asked
     return Lookup(entry, version, waits, seen)
+
+
+def _check_run(client, digest: str, renew: list[Renewal]) -> list:
+    """One call of ``CHECK``: the token's version (made if missing), then (granted, wait) per renewal."""
+    args: list = [_fresh_version(), KEY_TTL_S]
+    for renewal in renew:
+        args += [renewal.interval, renewal.burst, renewal.want, renewal.back]
+    return script_run(client, _check_script(client), [_key(digest), *(r.key for r in renew)], args)
 
 
 def store(digest: str, *, user, principal, version: bytes, seen: int | None = None) -> None:
@@ -352,12 +357,8 @@ def _leases_grant(renew: list[Renewal], answers: list, now: float) -> dict[str, 
 def _renew_later(digest: str, later: list[Renewal]) -> None:
     """After the response: hand back what the ended leases had left and take new ones (one round trip, as
     ``lookup`` makes). The token's version comes back with them: a change seen drops its cached check."""
-    client = _redis()
-    args: list = [_fresh_version(), KEY_TTL_S]
-    for renewal in later:
-        args += [renewal.interval, renewal.burst, renewal.want, renewal.back]
     try:
-        answer = script_run(client, _check_script(client), [_key(digest), *(r.key for r in later)], args)
+        answer = _check_run(_redis(), digest, later)
     except redis.RedisError:
         log.warning("rate limits: Redis did not answer a renewal; the next request renews", exc_info=True)
         return
