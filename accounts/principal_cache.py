@@ -9,8 +9,9 @@ check at once, and the request's rate limits are spent from leases (below). When
 the watch is not live, or a lease has run out, one script call (~0.1 ms) reads the
 version and renews the leases (``gpushare.throttling``). A lease that ended with
 requests left (its client went quiet) lends the next request one of them and is
-renewed after the response: a request after an idle second makes no round trip. Whatever may change the
-outcome of a check bumps the version of every token it affects:
+renewed after the response: a request after an idle second makes no round trip.
+Whatever may change the outcome of a check bumps the version of every token it
+affects:
 
 - revoking a token, editing or deleting it;
 - removing a member or changing their role (their tokens in that tenant);

@@ -438,27 +438,19 @@ def launch(
         )
     started_ms = now_ms()
     env_fd = environment_file(env) if jobexec is not None else -1
+    if jobexec is not None:  # the drop in the helper's C: started with vfork (jobexec.py)
+        spawn = {"args": jobexec_argv(jobexec, env_fd=env_fd, drop=drop, argv=argv), "env": {}, "pass_fds": (env_fd,)}
+    else:  # our own code in the forked child: no lock, no logging, no import (sandbox.Drop)
+        spawn = {"args": argv, "env": env, "preexec_fn": drop}
     try:
-        if jobexec is not None:  # the drop in the helper's C, so this is a vfork (jobexec.py)
-            command, child_env, pass_fds, preexec = (
-                jobexec_argv(jobexec, env_fd=env_fd, drop=drop, argv=argv),
-                {},
-                (env_fd,),
-                None,
-            )
-        else:  # our own code in the forked child: no lock, no logging, no import (sandbox.Drop)
-            command, child_env, pass_fds, preexec = argv, env, (), drop
         proc = subprocess.Popen(
-            command,
+            **spawn,
             cwd=workdir,
-            env=child_env,
-            pass_fds=pass_fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=preexec,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         with open(log_path, "ab") as out:
