@@ -63,9 +63,17 @@ class Context:
             self.log(f"stack up at {self._stack.url}")
         return self._stack
 
-    def close(self) -> None:
+    def stack_stop(self) -> None:
+        """Stop the shared stack, if one runs (a later ``stack()`` starts a fresh one): for a benchmark that
+        starts a stack of its own on the same database and broker database, where the shared stack's worker
+        would otherwise take its reports and send its node commands signed with the other stack's key."""
         if self._stack is not None:
+            self.log("stopping the shared platform stack")
             self._stack.stop()
+            self._stack = None
+
+    def close(self) -> None:
+        self.stack_stop()
 
 
 def external_rows(name: str, raw: dict) -> list[Row]:

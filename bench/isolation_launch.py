@@ -31,6 +31,10 @@ def run(ctx) -> tuple[list[Row], dict]:
     n = 8 if ctx.quick else 30
     # A stack of its own (it swaps the agent), on the dev settings: both agents' figures come from the same
     # platform, so only the difference matters (INFO logs: the harness waits for the worker's "ready.").
+    # Its stack recreates the bench database and broker database: the shared stack must not run beside it (in
+    # a full run its worker took this stack's reports and sent launches this agent refused as signed by an
+    # untrusted key; docs/benchmarks.md, session 24).
+    ctx.stack_stop()
     ctx.log("isolation: starting a platform stack of its own")
     config = StackConfig(extra_env={"LOG_LEVEL": "INFO", "DJANGO_SETTINGS_MODULE": "gpushare.settings.dev"})
     stack = Stack(ctx.workdir / "isolation", config)
