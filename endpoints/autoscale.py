@@ -45,7 +45,7 @@ def desired_replicas(load: Load) -> Decision:
     else:
         want = max(needed_now, needed_recently)
         why = f"peak of {load.peak} concurrent request(s) in the last {load.idle_timeout_ms // 1000} s"
-        if demand and want == 0:
+        if want == 0:  # demand, or a request within the idle timeout: zero only by the branch above
             want = 1
     bounded = min(max(want, load.min_replicas), load.max_replicas)
     if bounded != want:

@@ -43,6 +43,15 @@ def test_idle_for_the_timeout_scales_to_min():
     assert desired_replicas(load(current=3, peak=6, idle_ms=30_000)).replicas == 3
 
 
+def test_a_quiet_window_short_of_the_idle_timeout_keeps_one_replica():
+    """A peak of 0 in the window (the burst ended) is not a whole idle timeout: one replica stays warm, and
+    zero comes only with the idle timeout, for that reason (the CI flake of session 24: "peak of 0")."""
+    decision = desired_replicas(load(current=3, peak=0, idle_ms=30_000))
+    assert decision.replicas == 1 and "peak of 0" in decision.reason
+    decision = desired_replicas(load(current=1, peak=0, idle_ms=61_000))
+    assert decision.replicas == 0 and "idle for over" in decision.reason
+
+
 def test_never_used_endpoint_stays_at_min():
     assert desired_replicas(load(idle_ms=None)).replicas == 0
     assert desired_replicas(load(idle_ms=None, min_replicas=2)).replicas == 2
