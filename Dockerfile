@@ -9,7 +9,7 @@ RUN grep -E '^mypy==' requirements-dev.txt | pip install --no-cache-dir -r /dev/
 COPY scheduler/placement scheduler/placement
 COPY scripts/native_build.py scripts/
 RUN python scripts/native_build.py
-COPY agents/agent/jobexec.c agents/agent/
+COPY agents/agent/jobexec.c agents/agent/jobexec.py agents/agent/
 COPY scripts/jobexec_build.py scripts/
 RUN python scripts/jobexec_build.py
 

@@ -320,8 +320,9 @@ def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], lis
                 want, back = 1, 0
             elif lease.left:  # ended with requests left: this request takes one, the rest go back, ask for fewer
                 waits[key] = 0
-                later.append(Renewal(key, interval, burst, max(1, lease.size // 2), lease.left - 1, served=True))
-                _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=max(1, lease.size // 2))
+                want = max(1, lease.size // 2)
+                later.append(Renewal(key, interval, burst, want, lease.left - 1, served=True))
+                _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)
                 continue
             elif lease.until > now:  # ran out before it ended: ask for more
                 want, back = min(_lease_cap(interval, burst), lease.size * 2), 0

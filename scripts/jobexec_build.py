@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -21,10 +22,20 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "agents" / "agent" / "jobexec.c"
-BUILD = ROOT / "build" / "agent"
-BINARY = BUILD / "gpushare-jobexec"
-DIGEST = BUILD / "gpushare-jobexec.sha256"
+
+
+def _jobexec():
+    """agents/agent/jobexec.py loaded on its own (it names the source and the build; the agent finds the
+    helper there), without importing the agent package."""
+    spec = importlib.util.spec_from_file_location("_agent_jobexec", ROOT / "agents" / "agent" / "jobexec.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_paths = _jobexec()
+SOURCE, BUILD, BINARY = _paths.SOURCE, _paths.BUILD, _paths.BUILT
+DIGEST = BINARY.with_name(BINARY.name + ".sha256")
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 

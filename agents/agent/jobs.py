@@ -437,8 +437,9 @@ def launch(
             umask=drop.umask,
         )
     started_ms = now_ms()
-    env_fd = environment_file(env) if jobexec is not None else -1
+    env_fd = -1
     if jobexec is not None:  # the drop in the helper's C: started with vfork (jobexec.py)
+        env_fd = environment_file(env)
         spawn = {"args": jobexec_argv(jobexec, env_fd=env_fd, drop=drop, argv=argv), "env": {}, "pass_fds": (env_fd,)}
     else:  # our own code in the forked child: no lock, no logging, no import (sandbox.Drop)
         spawn = {"args": argv, "env": env, "preexec_fn": drop}
