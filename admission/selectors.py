@@ -38,8 +38,8 @@ from accounts.selectors import LIMITS_COLUMNS, limits_all, limits_for, limits_fr
 from accounts.tenancy import acts_for_tenant
 from billing.models import Price, UsageWindow
 from endpoints.models import Endpoint
-from gpushare.prepared import ServerStatement, model_columns_sql
-from scheduler.admission import TenantCaps
+from gpushare.prepared import ServerStatement, model_columns_sql, positional_named
+from scheduler.admission import TenantCaps, Write
 from scheduler.counts import tenant_counts_sql
 from scheduler.models import OPEN_STATES, Job, JobArray, JobState, PriorityClass
 
@@ -273,15 +273,23 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
 
 
 @functools.cache
-def _limits_and_counts(vendor: str, *, tenant_row: bool = False) -> ServerStatement:
-    """The limits and job counts of ``%(tenant)s``; ``tenant_row``: the tenant's row before them."""
+def _limits_and_counts(vendor: str, *, tenant_row: bool = False, write: tuple = ()) -> ServerStatement:
+    """The limits and job counts of ``%(tenant)s``; ``tenant_row``: the tenant's row before them; ``write``:
+    a submit's insert sent with them, as ``(ctes, select, columns)`` of a ``scheduler.admission.Write``,
+    its values named ``%(w0)s``, ``%(w1)s``, ... (:func:`write_params`), its columns after the counts."""
     columns, tables = limits_sql()
     counts = f"CROSS JOIN ({_JOB_COUNTS_SQL[vendor]}) AS counts"
     if not tenant_row:
         return ServerStatement(f"SELECT {columns}, counts.open, counts.queued FROM {tables} {counts}")
+    head = joined = written = ""
+    if write:
+        ctes, select, written_columns = write
+        head = f"WITH {positional_named(f'{ctes}, w AS ({select})', WRITE_PREFIX)} "
+        joined = " LEFT JOIN w ON true"  # the read's row whether or not the write's condition held
+        written = "".join(f", w.{name}" for name in written_columns)
     return ServerStatement(
-        f"SELECT {model_columns_sql(Tenant, 't')}, {columns}, counts.open, counts.queued "
-        f"FROM {Tenant._meta.db_table} t CROSS JOIN {tables} {counts} WHERE t.id = %(tenant)s"
+        f"{head}SELECT {model_columns_sql(Tenant, 't')}, {columns}, counts.open, counts.queued{written} "
+        f"FROM {Tenant._meta.db_table} t CROSS JOIN {tables} {counts}{joined} WHERE t.id = %(tenant)s"
     )
 
 
@@ -296,11 +304,21 @@ def limits_and_job_counts(tenant: Tenant) -> tuple[Limits, int, int]:
     return limits_from_row(row), row[LIMITS_COLUMNS], row[LIMITS_COLUMNS + 1]
 
 
-def tenant_limits_and_counts_statement() -> ServerStatement:
+WRITE_PREFIX = "w"
+
+
+def tenant_limits_and_counts_statement(write: Write | None = None) -> ServerStatement:
     """PostgreSQL: the tenant's row (``model_columns(Tenant)``), then its limits (``limits_sql``) and job
     counts, in one statement: what a submit reads right after it took the admission locks
-    (``admission.services``: sent with them in one round trip)."""
-    return _limits_and_counts("postgresql", tenant_row=True)
+    (``admission.services``: sent with them in one round trip). With ``write``, the write's columns follow
+    (its values: :func:`write_params`); the read, one snapshot with it, does not see what it writes."""
+    shape = (write.ctes, write.select, write.columns) if write is not None else ()
+    return _limits_and_counts("postgresql", tenant_row=True, write=shape)
+
+
+def write_params(write: Write) -> dict:
+    """The values of ``write`` as :func:`tenant_limits_and_counts_statement` names them."""
+    return {f"{WRITE_PREFIX}{i}": value for i, value in enumerate(write.params)}
 
 
 @acts_for_tenant

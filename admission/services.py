@@ -38,14 +38,14 @@ from accounts.limits import (
     size_refusal,
 )
 from accounts.models import AuditLog, Plan, RunningJobsPolicy, Tenant, TenantMonthUsage, TenantQuota
-from accounts.selectors import limits_for, limits_from_row, limits_params
+from accounts.selectors import LIMITS_COLUMNS, limits_for, limits_from_row, limits_params
 from accounts.services import audit_record
 from accounts.services.tenants import running_jobs_stop
 from accounts.tenancy import acts_for_tenant
 from billing.models import UsageWindow
 from endpoints.services import EndpointError
 from gpushare.prepared import ServerStatement, execute_in_turn, model_columns, model_columns_sql, model_from_row
-from scheduler.admission import JobAsk
+from scheduler.admission import JobAsk, Write
 from scheduler.services import AdmitAgain, JobError
 from webhooks import emit as webhook_emit
 
@@ -89,29 +89,36 @@ def _tenant_locked(tenant_id: int, *, exact: bool) -> Tenant:
     return model_from_row(Tenant, row)
 
 
-def _tenant_locked_with_limits(tenant: Tenant, *, exact: bool) -> tuple[Tenant, Limits, int, int]:
+def _tenant_locked_with_limits(
+    tenant: Tenant, *, exact: bool, write: Write | None = None
+) -> tuple[Tenant, Limits, int, int, tuple | None]:
     """``_tenant_locked``, then the tenant's limits and open and queued job counts read under the locks:
-    (the tenant's newest row, limits, open, queued). On PostgreSQL the two statements go in one round trip
-    (``execute_in_turn``): the read is a statement of its own, whose snapshot is taken once the locks are
-    granted, so it sees every admission that committed while this one waited, and the tenant's row as its
-    lock left it (a suspension that committed meanwhile is seen)."""
+    (the tenant's newest row, limits, open, queued, what ``write`` answered). On PostgreSQL the two
+    statements go in one round trip (``execute_in_turn``): the read is a statement of its own, whose snapshot
+    is taken once the locks are granted, so it sees every admission that committed while this one waited,
+    and the tenant's row as its lock left it (a suspension that committed meanwhile is seen). ``write`` (the
+    submit's insert, PostgreSQL only) goes in the read's statement: under the locks, unseen by the read."""
     if connection.vendor != "postgresql":
         locked = _tenant_locked(tenant.pk, exact=exact)
-        return locked, *selectors.limits_and_job_counts(locked)
+        return locked, *selectors.limits_and_job_counts(locked), None
     params = {"space": ADMISSION_LOCK, **limits_params(tenant)}
+    if write is not None:
+        params.update(selectors.write_params(write))
     with connection.cursor() as cursor:
         execute_in_turn(
             cursor,
             [
                 (_tenant_locked_statement(exact, row=False), params),
-                (selectors.tenant_limits_and_counts_statement(), params),
+                (selectors.tenant_limits_and_counts_statement(write), params),
             ],
         )
         row = cursor.fetchone()
     if row is None:
         raise Tenant.DoesNotExist(f"no tenant {tenant.pk}")
     width = len(model_columns(Tenant))
-    return model_from_row(Tenant, row), limits_from_row(row[width:]), row[-2], row[-1]
+    counted = width + LIMITS_COLUMNS  # where the counts are, the write's columns after them
+    written = tuple(row[counted + 2 :]) if write is not None else None
+    return model_from_row(Tenant, row), limits_from_row(row[width:]), row[counted], row[counted + 1], written
 
 
 _in_flight_bound: int | None = None
@@ -195,8 +202,25 @@ def _raise(refusal: Refusal | None, error=JobError) -> None:
         raise error(refusal.message, code=refusal.code, field=refusal.field)
 
 
+def _reads_more(limits: Limits) -> bool:
+    """Whether admission reads more than the limits and counts (the month's usage; open holds): what a write
+    sent with the first read would be seen by, and counted twice."""
+    return limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None
+
+
+def _write_sent(tenant: Tenant, write: Write | None) -> Write | None:
+    """``write``, when it may go with the first read: on PostgreSQL, for a tenant this process last read
+    (under the lock, less than ``LIMITS_HINT_S`` ago) with limits that need no read after it."""
+    if write is None or connection.vendor != "postgresql":
+        return None
+    hint = _limits_last.get(tenant.pk)
+    if hint is None or time.monotonic() - hint[1] >= LIMITS_HINT_S or _reads_more(hint[0]):
+        return None
+    return write
+
+
 @acts_for_tenant
-def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
+def job_admit(*, tenant: Tenant, ask: JobAsk, write: Write | None = None) -> tuple | None:
     """Refuse ``ask.count`` jobs the tenant's limits or money budget forbid (raises ``JobError``).
 
     Order: state, size (can it ever fit), open and queued job counts, the month's GPU-hours
@@ -204,22 +228,30 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     after what is spent and what open holds reserve. A replica (``ask.endpoint_id``) is covered
     by its endpoint's hold. Two statements before any usage or hold, in one round trip: the locks,
     then the limits and counts under them.
+
+    ``write`` (the submit's insert): sent in the statement of the limits and counts when nothing read
+    after them could see it (``_write_sent``), and what it answered returned; else None, and the caller
+    writes. A refusal raises: the caller's transaction rolls back, and the write with it.
     """
     exact = _exact_hinted(tenant, ask)
-    locked, limits, open_jobs, queued = _tenant_locked_with_limits(tenant, exact=exact)
+    sent = _write_sent(tenant, write)
+    locked, limits, open_jobs, queued, written = _tenant_locked_with_limits(tenant, exact=exact, write=sent)
     if locked.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {locked.slug} is {locked.state} and cannot submit jobs", code="forbidden")
     _limits_last[locked.pk] = (limits, time.monotonic())
     _raise(size_refusal(limits, mode=ask.mode, gpu_milli=ask.gpu_milli))
     if not exact and _money_held(limits, ask):
         raise AdmitAgain("the tenant's spend limit was set while this submit was admitted; retry it")
+    if sent is not None and _reads_more(limits):
+        # Set since this process last read the limits: the usage and hold reads would count the write.
+        raise AdmitAgain("the tenant's GPU-hour or spend limit was set while this submit was admitted; retry it")
     _counts_admitted(locked, limits, ask, open_jobs=open_jobs, queued=queued, exact=exact)
-    if limits.gpu_hours_per_month is None and limits.monthly_spend_limit is None:
-        return
+    if not _reads_more(limits):
+        return written
     usage = selectors.month_usage(locked)
     _raise(budget_refusal(limits, usage))
     if ask.endpoint_id is not None or limits.monthly_spend_limit is None:
-        return
+        return None
     prices = selectors.prices_now()
     hold = ask.count * selectors.job_hold(
         prices,
@@ -232,6 +264,7 @@ def job_admit(*, tenant: Tenant, ask: JobAsk) -> None:
     budget = selectors.budget_now(locked, limits, usage=usage, prices=prices)
     what = "this job" if ask.count == 1 else f"this array of {ask.count} tasks"
     _raise(hold_refusal(budget, hold=hold, what=what))
+    return None
 
 
 @acts_for_tenant

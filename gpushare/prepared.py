@@ -179,6 +179,14 @@ class ServerStatement:
         return f"EXECUTE {self.name} ({', '.join(['%s'] * len(values))})" if values else f"EXECUTE {self.name}"
 
 
+def positional_named(sql: str, prefix: str) -> str:
+    """``sql`` with its ``%s`` placeholders named ``%(<prefix>0)s``, ``%(<prefix>1)s``, ... in order (``%%``
+    kept): for a statement with positional values sent inside one with named ones (a statement's
+    placeholders are all of one kind)."""
+    count = itertools.count()
+    return re.sub(r"%%|%s", lambda m: m.group(0) if m.group(0) == "%%" else f"%({prefix}{next(count)})s", sql)
+
+
 def server_side(cursor) -> bool:
     """Whether statements run on ``cursor``'s connection as prepared ones (PostgreSQL, unless
     ``DB_SERVER_PREPARED`` is off); ``cursor.db`` is this thread's connection (``django.db.connection``
@@ -286,15 +294,30 @@ def inserted(instance, pk) -> None:
 
 
 @functools.cache
-def _insert_statement(model, condition: str = "") -> tuple[list, ServerStatement]:
+def _insert_sql(model, condition: str = "") -> tuple[list, str]:
+    """The fields of a raw insert of a new ``model`` row and its statement (``%s`` for each field's value,
+    then ``condition``'s), answering the new row's id."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
     values = ", ".join(["%s"] * len(fields))
     rows = f"SELECT {values} WHERE {condition}" if condition else f"VALUES ({values})"
-    return fields, ServerStatement(
+    return fields, (
         f"INSERT INTO {quote(model._meta.db_table)} ({columns_sql(fields)}) {rows} "
         f"RETURNING {quote(model._meta.pk.column)}"
     )
+
+
+@functools.cache
+def _insert_statement(model, condition: str = "") -> tuple[list, ServerStatement]:
+    fields, sql = _insert_sql(model, condition)
+    return fields, ServerStatement(sql)
+
+
+def insert_parts(instance, *, condition: str = "", params: tuple = ()) -> tuple[str, tuple]:
+    """:func:`model_insert`'s statement for ``instance`` and its values, for a caller that sends it inside
+    a statement of its own (a WITH item); the id it answers goes to :func:`inserted`."""
+    fields, sql = _insert_sql(type(instance), condition)
+    return sql, (*insert_values(instance, fields), *params)
 
 
 def model_insert(instance, *, condition: str = "", params: tuple = ()):

@@ -26,6 +26,21 @@ class JobAsk:
 
 
 @dataclass(frozen=True)
+class Write:
+    """The submit's insert, for admission to send in the statement that reads the tenant's limits and counts
+    under its locks: one round trip less per submit (PostgreSQL). ``ctes``: the WITH items that write
+    (``j AS (INSERT ... RETURNING ...)``), then ``select``, a SELECT over them naming ``columns``, which
+    answers one row, or none when the insert's own condition did not hold; ``params``: their ``%s`` values,
+    in order. What the read sees is what it would on its own (one snapshot for the whole statement: not
+    the write); a refusal raises, and the caller's transaction, rolled back, takes the write with it."""
+
+    ctes: str
+    select: str
+    columns: tuple[str, ...]
+    params: tuple
+
+
+@dataclass(frozen=True)
 class TenantCaps:
     """What a tenant may hold at once (None: no limit); ``blocked_reason``: nothing may start now."""
 
@@ -36,8 +51,10 @@ class TenantCaps:
 
 job_admit = Port(
     "scheduler.job_admit",
-    "job_admit(*, tenant, ask: JobAsk) -> None: raise JobError unless the tenant may submit these jobs now; "
-    "called inside job_submit's transaction, it may lock and reserve (money holds) until commit",
+    "job_admit(*, tenant, ask: JobAsk, write: Write | None = None) -> tuple | None: raise JobError unless the "
+    "tenant may submit these jobs now; called inside job_submit's transaction, it may lock and reserve (money "
+    "holds) until commit. With ``write``: the write's row (its columns' values, all None when its condition did "
+    "not hold) if it was sent with the read, None if not (the caller writes)",
 )
 tenant_caps = Port(
     "scheduler.tenant_caps",

@@ -19,18 +19,21 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
-from gpushare.prepared import columns_sql, model_insert
+from gpushare.prepared import columns_sql, insert_parts, inserted, model_insert
 
+from .admission import Write
 from .arrays import ArraySpec, range_parse
 from .models import TRANSITIONS, Job, JobArray, JobEvent, JobState
 from .passes import rows_insert
 from .services import (
     EVENT_COLUMNS,
     JobSpec,
+    admission_check,
+    admitted_again_once,
     job_cancel,
-    job_checked,
     job_checked_again,
     job_row_fields,
+    job_shape,
     rules_unchanged_sql,
     schedule_soon,
 )
@@ -43,14 +46,16 @@ EVENT_FIELDS = tuple(EVENT_COLUMNS.split(", "))  # a timeline event's columns, a
 WAITING_FOR_A_PASS = "waiting for the next scheduling pass"
 
 
+@admitted_again_once
 @transaction.atomic
 def job_array_submit(
     *, tenant: Tenant, user, spec: JobSpec, array: ArraySpec, idempotency: tuple = ("", "")
 ) -> JobArray:
     """Store the array, admitted as a whole (all its tasks are admitted, or none), as one record: like
     Slurm, the task rows are made later, off the request path (``array_tasks_make``: the next scheduling
-    pass, which this asks for, or the first read or cancel that needs them)."""
-    mode, priority = job_checked(tenant=tenant, spec=spec, count=array.count, hinted=True)
+    pass, which this asks for, or the first read or cancel that needs them). The insert goes with
+    admission's read under its locks when admission can send it (one round trip)."""
+    mode, priority = job_shape(tenant=tenant, spec=spec, hinted=True)
     key, digest = idempotency
     with tenant_scope(tenant):
         job_array = JobArray(
@@ -75,7 +80,23 @@ def job_array_submit(
                 "max_runtime_s": spec.runtime_with(priority),
             },
         )
-        if model_insert(job_array, condition=rules_unchanged_sql(), params=(priority.rules_key,) * 2) is None:
+        condition, params = rules_unchanged_sql(), (priority.rules_key,) * 2
+        sql, values = insert_parts(job_array, condition=condition, params=params)
+        written = admission_check(
+            tenant=tenant,
+            spec=spec,
+            mode=mode,
+            priority=priority,
+            count=array.count,
+            write=Write(f"a AS ({sql})", "SELECT a.id AS id FROM a", ("id",), values),
+        )
+        if written is not None:
+            done = written[0] is not None
+            if done:
+                inserted(job_array, written[0])
+        else:
+            done = model_insert(job_array, condition=condition, params=params) is not None
+        if not done:
             # The classes or settings changed since this process read the class (as job_submit).
             priority = job_checked_again(tenant=tenant, spec=spec, count=array.count)
             job_array.task_spec.update(priority_id=priority.pk, max_runtime_s=spec.runtime_with(priority))

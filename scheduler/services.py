@@ -25,6 +25,7 @@ from gpushare.prepared import ServerStatement, columns_sql, insert_values, inser
 from webhooks import emit as webhook_emit
 
 from . import admission
+from .admission import Write
 from .counts import queued_ahead_sql
 from .models import (
     ACTIVE_STATES,
@@ -213,14 +214,18 @@ def schedule_soon(*, submitted: bool = False) -> None:
     transaction.on_commit(lambda: after_response(lambda: pass_request(submitted=submitted)))
 
 
-def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1) -> None:
+def admission_check(
+    *, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1, write: Write | None = None
+) -> tuple | None:
     """Limits and money holds for ``count`` jobs of this shape, as a whole, inside the caller's transaction.
 
     The admission layer (``admission/``, above the scheduler) answers through the port it provides at
     start-up; it locks the tenant's admissions until commit, so concurrent submits cannot pass a limit
     or a budget together. Without a provider this raises (``ImproperlyConfigured``): never "no limits".
+    ``write``: the submit's insert, which admission may send with its read (``admission.Write``): what it
+    answered, or None when it was not sent (the caller writes).
     """
-    admission.job_admit(
+    return admission.job_admit(
         tenant=tenant,
         ask=admission.JobAsk(
             kind=spec.kind,
@@ -232,13 +237,14 @@ def admission_check(*, tenant: Tenant, spec: JobSpec, mode: str, priority: Prior
             count=count,
             endpoint_id=spec.endpoint_id,
         ),
+        write=write,
     )
 
 
-def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool = False) -> tuple[str, PriorityClass]:
-    """The job's mode and priority class once the tenant may submit ``count`` such jobs (raises JobError).
-    ``hinted``: the class may be this process's hint (``priority_hinted``), for a caller whose write
-    checks its ``rules_key``."""
+def job_shape(*, tenant: Tenant, spec: JobSpec, hinted: bool = False) -> tuple[str, PriorityClass]:
+    """The job's mode and priority class, from its spec and the classes (raises JobError): what is checked
+    before admission. ``hinted``: the class may be this process's hint (``priority_hinted``), for a caller
+    whose write checks its ``rules_key``."""
     if tenant.state != Tenant.State.ACTIVE:
         raise JobError(f"tenant {tenant.slug} is {tenant.state} and cannot submit jobs", code="forbidden")
     if spec.image:
@@ -249,7 +255,13 @@ def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool =
     if mode == JobMode.DEDICATED and not 1 <= spec.gpu_milli // MILLI_PER_GPU <= MAX_GPUS_PER_JOB:
         raise JobError(f"a job takes 1 to {MAX_GPUS_PER_JOB} whole GPUs on one node", field="gpus")
     lookup = priority_hinted if hinted else priority_for
-    priority = lookup(kind=spec.kind, name=spec.priority)
+    return mode, lookup(kind=spec.kind, name=spec.priority)
+
+
+def job_checked(*, tenant: Tenant, spec: JobSpec, count: int = 1, hinted: bool = False) -> tuple[str, PriorityClass]:
+    """The job's mode and priority class once the tenant may submit ``count`` such jobs (raises JobError):
+    ``job_shape``, then ``admission_check``."""
+    mode, priority = job_shape(tenant=tenant, spec=spec, hinted=hinted)
     admission_check(tenant=tenant, spec=spec, mode=mode, priority=priority, count=count)
     return mode, priority
 
@@ -271,10 +283,13 @@ def job_row_fields(*, but: tuple[str, ...] = ()) -> list:
     return [f for f in Job._meta.concrete_fields if not f.primary_key and f.attname not in but]
 
 
+JOB_WRITTEN = ("id", "position", "hooks")  # the insert's SELECT: the id, queue position, active webhooks
+
+
 @functools.cache
-def _job_insert_sql() -> tuple[list, str]:
-    """:func:`job_row_fields` and the statement that writes a job with its "submitted" event and answers
-    its id and queue position."""
+def _job_insert_parts() -> tuple[list, str, str]:
+    """:func:`job_row_fields`, and the WITH items and the SELECT of the statement that writes a job with its
+    "submitted" event and answers ``JOB_WRITTEN``."""
     fields = job_row_fields()
     quote = connection.ops.quote_name
     # The position: every queued job of its class and the classes above it is ahead of a job submitted now
@@ -283,21 +298,46 @@ def _job_insert_sql() -> tuple[list, str]:
     # queue_positions_page answers once committed, short of jobs committed by others in between.
     # The row is written only while the priority classes and settings are as the job's class was read
     # (``rules_key``; NULL: read in this transaction, nothing to check); no row back means they changed.
-    return fields, ServerStatement(
-        f"WITH j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns_sql(fields)}) "
+    ctes = (
+        f"j AS (INSERT INTO {quote(Job._meta.db_table)} ({columns_sql(fields)}) "
         f"SELECT {', '.join(['%s'] * len(fields))} WHERE {rules_unchanged_sql()} "
         "RETURNING id, tenant_id, submitted_at, priority_id), "
         f"e AS (INSERT INTO {quote(JobEvent._meta.db_table)} ({EVENT_COLUMNS}) "
-        "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id) "
-        f"SELECT j.id, 1 + {queued_ahead_sql('j.priority_id')}, {webhook_emit.active_hooks_sql('j.tenant_id')} "
-        "FROM j JOIN e ON e.job_id = j.id"
+        "SELECT tenant_id, id, submitted_at, '', %s, 'submitted' FROM j RETURNING job_id)"
     )
+    position, hooks = queued_ahead_sql("j.priority_id"), webhook_emit.active_hooks_sql("j.tenant_id")
+    select = f"SELECT j.id AS id, 1 + {position} AS position, {hooks} AS hooks FROM j JOIN e ON e.job_id = j.id"
+    return fields, ctes, select
+
+
+@functools.cache
+def _job_insert_sql() -> tuple[list, ServerStatement]:
+    fields, ctes, select = _job_insert_parts()
+    return fields, ServerStatement(f"WITH {ctes} {select}")
+
+
+def job_insert_write(job: Job, *, rules_key: str | None) -> Write:
+    """:func:`job_insert`'s statement for ``job``, for admission to send with its read (``admission.Write``);
+    what it answers goes to :func:`job_written`."""
+    fields, ctes, select = _job_insert_parts()
+    return Write(ctes, select, JOB_WRITTEN, (*insert_values(job, fields), rules_key, rules_key, JobState.QUEUED))
+
+
+def job_written(job: Job, row) -> Job | None:
+    """``job`` as its insert left it (``row``: ``JOB_WRITTEN``): its id, its queue position as the API shows
+    it (``api_queue_position``: no query of its own for the answer) and the tenant's active webhooks
+    (``active_hooks``: the "submitted" event needs no query of its own); None when nothing was written
+    (the classes or settings changed since its class was read)."""
+    if row is None or row[0] is None:
+        return None
+    pk, job.api_queue_position, hooks = row
+    inserted(job, pk)
+    job.active_hooks = webhook_emit.active_hooks_from(hooks)
+    return job
 
 
 def job_insert(job: Job, *, rules_key: str | None = None) -> Job | None:
-    """Write a new queued ``job`` and its "submitted" event; ``job`` gets its id and, on PostgreSQL, its
-    queue position as the API shows it (``api_queue_position``: no query of its own for the answer) and
-    the tenant's active webhooks (``active_hooks``: the "submitted" event needs no query of its own).
+    """Write a new queued ``job`` and its "submitted" event (:func:`job_written`).
 
     On PostgreSQL one statement, the values prepared by the model's own fields as ``save()`` would
     (``pre_save``: ``submitted_at``): the ORM spent ~1.5 ms of CPU per submit building two inserts, and
@@ -315,21 +355,16 @@ def job_insert(job: Job, *, rules_key: str | None = None) -> Job | None:
     fields, statement = _job_insert_sql()
     with connection.cursor() as cursor:
         statement.execute(cursor, [*insert_values(job, fields), rules_key, rules_key, JobState.QUEUED])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    pk, job.api_queue_position, hooks = row
-    inserted(job, pk)
-    job.active_hooks = webhook_emit.active_hooks_from(hooks)
-    return job
+        return job_written(job, cursor.fetchone())
 
 
 @admitted_again_once
 @transaction.atomic
 def job_submit(*, tenant: Tenant, user, spec: JobSpec, idempotency: tuple[str, str] = ("", "")) -> Job:
     """Admit and write one queued job. ``idempotency``: (Idempotency-Key, request digest), written with the
-    row by its own insert (``scheduler.api.idempotency``: a key already used fails on its unique index)."""
-    mode, priority = job_checked(tenant=tenant, spec=spec, hinted=True)
+    row by its own insert (``scheduler.api.idempotency``: a key already used fails on its unique index).
+    The insert goes with admission's read under its locks when admission can send it (one round trip)."""
+    mode, priority = job_shape(tenant=tenant, spec=spec, hinted=True)
     key, digest = idempotency
     with tenant_scope(tenant):
         job = Job(
@@ -350,7 +385,10 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, idempotency: tuple[str, s
             idempotency_key=key,
             request_hash=digest,
         )
-        if job_insert(job, rules_key=priority.rules_key) is None:
+        write = job_insert_write(job, rules_key=priority.rules_key)
+        written = admission_check(tenant=tenant, spec=spec, mode=mode, priority=priority, write=write)
+        done = job_written(job, written) if written is not None else job_insert(job, rules_key=priority.rules_key)
+        if done is None:
             # The classes or settings changed since this process read the job's class: read it again and
             # admit the job with it (the first admission's locks are this transaction's: no wait for itself).
             job.priority = priority = job_checked_again(tenant=tenant, spec=spec)
