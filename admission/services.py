@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -208,19 +209,19 @@ def _reads_more(limits: Limits) -> bool:
     return limits.gpu_hours_per_month is not None or limits.monthly_spend_limit is not None
 
 
-def _write_sent(tenant: Tenant, write: Write | None) -> Write | None:
-    """``write``, when it may go with the first read: on PostgreSQL, for a tenant this process last read
-    (under the lock, less than ``LIMITS_HINT_S`` ago) with limits that need no read after it."""
+def _write_sent(tenant: Tenant, write: Callable[[], Write] | None) -> Write | None:
+    """The write (made now), when it may go with the first read: on PostgreSQL, for a tenant this process last
+    read (under the lock, less than ``LIMITS_HINT_S`` ago) with limits that need no read after it."""
     if write is None or connection.vendor != "postgresql":
         return None
     hint = _limits_last.get(tenant.pk)
     if hint is None or time.monotonic() - hint[1] >= LIMITS_HINT_S or _reads_more(hint[0]):
         return None
-    return write
+    return write()
 
 
 @acts_for_tenant
-def job_admit(*, tenant: Tenant, ask: JobAsk, write: Write | None = None) -> tuple | None:
+def job_admit(*, tenant: Tenant, ask: JobAsk, write: Callable[[], Write] | None = None) -> tuple | None:
     """Refuse ``ask.count`` jobs the tenant's limits or money budget forbid (raises ``JobError``).
 
     Order: state, size (can it ever fit), open and queued job counts, the month's GPU-hours
@@ -229,9 +230,9 @@ def job_admit(*, tenant: Tenant, ask: JobAsk, write: Write | None = None) -> tup
     by its endpoint's hold. Two statements before any usage or hold, in one round trip: the locks,
     then the limits and counts under them.
 
-    ``write`` (the submit's insert): sent in the statement of the limits and counts when nothing read
-    after them could see it (``_write_sent``), and what it answered returned; else None, and the caller
-    writes. A refusal raises: the caller's transaction rolls back, and the write with it.
+    ``write`` (makes the submit's insert): sent in the statement of the limits and counts when nothing read
+    after them could see it (``_write_sent``), and what it answered returned; else never made, None
+    returned, and the caller writes. A refusal raises: the caller's transaction rolls back, the write with it.
     """
     exact = _exact_hinted(tenant, ask)
     sent = _write_sent(tenant, write)

@@ -293,6 +293,15 @@ def inserted(instance, pk) -> None:
     instance._state.adding, instance._state.db = False, connection.alias
 
 
+def inserted_if(instance, pk) -> bool:
+    """:func:`inserted`, for the id a conditional insert answered (None: its condition did not hold);
+    whether it was written."""
+    if pk is None:
+        return False
+    inserted(instance, pk)
+    return True
+
+
 @functools.cache
 def _insert_sql(model, condition: str = "") -> tuple[list, str]:
     """The fields of a raw insert of a new ``model`` row and its statement (``%s`` for each field's value,
@@ -335,7 +344,4 @@ def model_insert(instance, *, condition: str = "", params: tuple = ()):
     with connection.cursor() as cursor:
         statement.execute(cursor, [*insert_values(instance, fields), *params])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    inserted(instance, row[0])
-    return instance
+    return instance if inserted_if(instance, row[0] if row else None) else None

@@ -51,10 +51,10 @@ class TenantCaps:
 
 job_admit = Port(
     "scheduler.job_admit",
-    "job_admit(*, tenant, ask: JobAsk, write: Write | None = None) -> tuple | None: raise JobError unless the "
-    "tenant may submit these jobs now; called inside job_submit's transaction, it may lock and reserve (money "
-    "holds) until commit. With ``write``: the write's row (its columns' values, all None when its condition did "
-    "not hold) if it was sent with the read, None if not (the caller writes)",
+    "job_admit(*, tenant, ask: JobAsk, write: Callable[[], Write] | None = None) -> tuple | None: raise JobError "
+    "unless the tenant may submit these jobs now; called inside job_submit's transaction, it may lock and reserve "
+    "(money holds) until commit. With ``write`` (made only if sent): the write's row (its columns' values, all None "
+    "when its condition did not hold) if it was sent with the read, None if not (the caller writes)",
 )
 tenant_caps = Port(
     "scheduler.tenant_caps",

@@ -19,7 +19,7 @@ from django_scopes import scopes_disabled
 
 from accounts.models import Tenant
 from accounts.tenancy import acts_for_tenant, tenant_scope
-from gpushare.prepared import columns_sql, insert_parts, inserted, model_insert
+from gpushare.prepared import columns_sql, insert_parts, inserted_if, model_insert
 
 from .admission import Write
 from .arrays import ArraySpec, range_parse
@@ -81,20 +81,17 @@ def job_array_submit(
             },
         )
         condition, params = rules_unchanged_sql(), (priority.rules_key,) * 2
-        sql, values = insert_parts(job_array, condition=condition, params=params)
         written = admission_check(
             tenant=tenant,
             spec=spec,
             mode=mode,
             priority=priority,
             count=array.count,
-            write=Write(f"a AS ({sql})", "SELECT a.id AS id FROM a", ("id",), values),
+            write=lambda: _array_write(job_array, condition=condition, params=params),
         )
         if written is not None:
-            done = written[0] is not None
-            if done:
-                inserted(job_array, written[0])
-        else:
+            done = inserted_if(job_array, written[0])
+        else:  # not sent with admission's read
             done = model_insert(job_array, condition=condition, params=params) is not None
         if not done:
             # The classes or settings changed since this process read the class (as job_submit).
@@ -103,6 +100,12 @@ def job_array_submit(
             model_insert(job_array)
     schedule_soon(submitted=True)
     return job_array
+
+
+def _array_write(job_array: JobArray, *, condition: str, params: tuple) -> Write:
+    """The array's insert, for admission to send with its read (``admission.Write``)."""
+    sql, values = insert_parts(job_array, condition=condition, params=params)
+    return Write(f"a AS ({sql})", "SELECT a.id AS id FROM a", ("id",), values)
 
 
 @acts_for_tenant("array")

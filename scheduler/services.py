@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -215,15 +216,21 @@ def schedule_soon(*, submitted: bool = False) -> None:
 
 
 def admission_check(
-    *, tenant: Tenant, spec: JobSpec, mode: str, priority: PriorityClass, count: int = 1, write: Write | None = None
+    *,
+    tenant: Tenant,
+    spec: JobSpec,
+    mode: str,
+    priority: PriorityClass,
+    count: int = 1,
+    write: Callable[[], Write] | None = None,
 ) -> tuple | None:
     """Limits and money holds for ``count`` jobs of this shape, as a whole, inside the caller's transaction.
 
     The admission layer (``admission/``, above the scheduler) answers through the port it provides at
     start-up; it locks the tenant's admissions until commit, so concurrent submits cannot pass a limit
     or a budget together. Without a provider this raises (``ImproperlyConfigured``): never "no limits".
-    ``write``: the submit's insert, which admission may send with its read (``admission.Write``): what it
-    answered, or None when it was not sent (the caller writes).
+    ``write``: makes the submit's insert, which admission may send with its read (``admission.Write``):
+    what it answered, or None when it was not sent (the caller writes).
     """
     return admission.job_admit(
         tenant=tenant,
@@ -385,7 +392,7 @@ def job_submit(*, tenant: Tenant, user, spec: JobSpec, idempotency: tuple[str, s
             idempotency_key=key,
             request_hash=digest,
         )
-        write = job_insert_write(job, rules_key=priority.rules_key)
+        write = functools.partial(job_insert_write, job, rules_key=priority.rules_key)
         written = admission_check(tenant=tenant, spec=spec, mode=mode, priority=priority, write=write)
         done = job_written(job, written) if written is not None else job_insert(job, rules_key=priority.rules_key)
         if done is None:

@@ -114,16 +114,19 @@ def test_a_refused_array_leaves_no_record(rules, tenant, sent):
     assert counts(tenant) == (1, 1, 0)
 
 
-def test_a_spend_limit_keeps_the_write_out_of_the_read_and_holds_are_counted_once(rules, tenant, sent):
+def test_a_spend_limit_keeps_the_write_out_of_the_read_and_holds_are_counted_once(rules, tenant, sent, monkeypatch):
     """With a spend limit admission reads the open holds after the limits: a job written with the first read
-    would be in them, its hold counted twice, and the second job of two that fit refused."""
+    would be in them, its hold counted twice, and the second job of two that fit refused. The write is not
+    even made."""
+    made = []
+    monkeypatch.setattr(services, "job_insert_write", lambda *a, **kw: made.append(1))
     quota_set(tenant=tenant, actor=None, monthly_spend_limit=(2 * hold_of()).quantize(Decimal("0.01")) + 1)
     job_submit(tenant=tenant, user=None, spec=spec())
     job_submit(tenant=tenant, user=None, spec=spec())
     with pytest.raises(JobError) as refused:
         job_submit(tenant=tenant, user=None, spec=spec())
     assert refused.value.code == "budget_exceeded"
-    assert sent == [False, False, False]
+    assert sent == [False, False, False] and made == []
     assert counts(tenant)[0] == 2
 
 
