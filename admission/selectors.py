@@ -272,6 +272,9 @@ def job_counts(tenant: Tenant) -> tuple[int, int]:
     return open_jobs, queued
 
 
+WRITE_PREFIX = "w"  # a write's values sent with the limits and counts: %(w0)s, %(w1)s, ...
+
+
 @functools.cache
 def _limits_and_counts(vendor: str, *, tenant_row: bool = False, write: tuple = ()) -> ServerStatement:
     """The limits and job counts of ``%(tenant)s``; ``tenant_row``: the tenant's row before them; ``write``:
@@ -302,9 +305,6 @@ def limits_and_job_counts(tenant: Tenant) -> tuple[Limits, int, int]:
         _limits_and_counts(_vendor()).execute(cursor, limits_params(tenant))
         row = cursor.fetchone()
     return limits_from_row(row), row[LIMITS_COLUMNS], row[LIMITS_COLUMNS + 1]
-
-
-WRITE_PREFIX = "w"
 
 
 def tenant_limits_and_counts_statement(write: Write | None = None) -> ServerStatement:

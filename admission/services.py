@@ -162,6 +162,12 @@ def _money_held(limits: Limits, ask: JobAsk) -> bool:
     return limits.monthly_spend_limit is not None and ask.endpoint_id is None
 
 
+def _limits_hinted(tenant: Tenant) -> Limits | None:
+    """The tenant's limits as this process last read them under the lock, if less than ``LIMITS_HINT_S`` ago."""
+    hint = _limits_last.get(tenant.pk)
+    return hint[0] if hint is not None and time.monotonic() - hint[1] < LIMITS_HINT_S else None
+
+
 def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
     """Whether this admission must see every other one of the tenant: an array or a money hold does, and so
     does a single job whose counts are within twice the in-flight bound of a limit. Judged by what this
@@ -169,9 +175,9 @@ def _exact_hinted(tenant: Tenant, ask: JobAsk) -> bool:
     limits and counts, unlocked: one more statement, once)."""
     if connection.vendor != "postgresql" or ask.count > 1:
         return True
-    hint, counts = _limits_last.get(tenant.pk), _counts_last.get(tenant.pk)
-    if hint is not None and counts is not None and time.monotonic() - hint[1] < LIMITS_HINT_S:
-        limits, (open_jobs, queued) = hint[0], counts
+    limits, counts = _limits_hinted(tenant), _counts_last.get(tenant.pk)
+    if limits is not None and counts is not None:
+        open_jobs, queued = counts
     else:
         limits, open_jobs, queued = selectors.limits_and_job_counts(tenant)
     if _money_held(limits, ask):
@@ -214,10 +220,8 @@ def _write_sent(tenant: Tenant, write: Callable[[], Write] | None) -> Write | No
     read (under the lock, less than ``LIMITS_HINT_S`` ago) with limits that need no read after it."""
     if write is None or connection.vendor != "postgresql":
         return None
-    hint = _limits_last.get(tenant.pk)
-    if hint is None or time.monotonic() - hint[1] >= LIMITS_HINT_S or _reads_more(hint[0]):
-        return None
-    return write()
+    limits = _limits_hinted(tenant)
+    return write() if limits is not None and not _reads_more(limits) else None
 
 
 @acts_for_tenant

@@ -318,16 +318,22 @@ def _job_insert_parts() -> tuple[list, str, str]:
 
 
 @functools.cache
-def _job_insert_sql() -> tuple[list, ServerStatement]:
-    fields, ctes, select = _job_insert_parts()
-    return fields, ServerStatement(f"WITH {ctes} {select}")
+def _job_insert_statement() -> ServerStatement:
+    _, ctes, select = _job_insert_parts()
+    return ServerStatement(f"WITH {ctes} {select}")
 
 
 def job_insert_write(job: Job, *, rules_key: str | None) -> Write:
     """:func:`job_insert`'s statement for ``job``, for admission to send with its read (``admission.Write``);
     what it answers goes to :func:`job_written`."""
-    fields, ctes, select = _job_insert_parts()
-    return Write(ctes, select, JOB_WRITTEN, (*insert_values(job, fields), rules_key, rules_key, JobState.QUEUED))
+    _, ctes, select = _job_insert_parts()
+    return Write(ctes, select, JOB_WRITTEN, tuple(_job_insert_values(job, rules_key=rules_key)))
+
+
+def _job_insert_values(job: Job, *, rules_key: str | None) -> list:
+    """The values of the insert's ``%s``, in order: the job's fields, the rules key twice, the event's state."""
+    fields = _job_insert_parts()[0]
+    return [*insert_values(job, fields), rules_key, rules_key, JobState.QUEUED]
 
 
 def job_written(job: Job, row) -> Job | None:
@@ -359,9 +365,8 @@ def job_insert(job: Job, *, rules_key: str | None = None) -> Job | None:
         job.save(force_insert=True)
         JobEvent.objects.create(tenant_id=job.tenant_id, job=job, to_state=JobState.QUEUED, detail="submitted")
         return job
-    fields, statement = _job_insert_sql()
     with connection.cursor() as cursor:
-        statement.execute(cursor, [*insert_values(job, fields), rules_key, rules_key, JobState.QUEUED])
+        _job_insert_statement().execute(cursor, _job_insert_values(job, rules_key=rules_key))
         return job_written(job, cursor.fetchone())
 
 
