@@ -43,6 +43,7 @@ from django.db import connection
 from accounts.tenancy import tenant_id_of
 from agents.models import Gpu, Node
 from gpushare.caches import LockedLRU
+from gpushare.flights import FreshFlights
 from gpushare.prepared import ServerStatement
 
 from ..models import MILLI_PER_GPU, Allocation, Job, JobState, PriorityClass, ShownNamesVersion
@@ -223,12 +224,25 @@ pages = PageCache(settings.GPUSHARE["LIST_CACHE_BYTES"])
 
 
 def job_page_rows(*, tenant, direction: str, key, size: int) -> list[dict]:
-    """The rows of a page of ``tenant``'s jobs (:func:`job_page_json`'s), from this process's kept page when the
-    versions read now are the kept page's, else written afresh (and kept, unless it shows a queued job). The
-    rows are shared: callers must not change them. PostgreSQL only."""
-    if connection.in_atomic_block or not settings.GPUSHARE["LIST_CACHE_BYTES"]:
+    """The rows of a page of ``tenant``'s jobs (:func:`job_page_json`'s), as read after this call began: from
+    this process's kept page when the versions read now are the kept page's, else written afresh (and kept,
+    unless it shows a queued job). Requests for the same page at the same time share one such read
+    (:class:`~gpushare.flights.FreshFlights`). The rows are shared: callers must not change them.
+    PostgreSQL only."""
+    if connection.in_atomic_block:
         return job_page_json(tenant=tenant, direction=direction, key=key, size=size).rows
     cache_key = (tenant_id_of(tenant), direction, key, size)
+    return page_reads.run(
+        cache_key, lambda: _page_read(cache_key, tenant=tenant, direction=direction, key=key, size=size)
+    )
+
+
+page_reads: FreshFlights[list[dict]] = FreshFlights()
+
+
+def _page_read(cache_key, *, tenant, direction: str, key, size: int) -> list[dict]:
+    if not settings.GPUSHARE["LIST_CACHE_BYTES"]:
+        return job_page_json(tenant=tenant, direction=direction, key=key, size=size).rows
     kept = pages.get(cache_key)
     if kept is not None and kept.rows is not None:
         if job_page_versions(tenant=tenant, direction=direction, key=key, size=size) == kept.versions:

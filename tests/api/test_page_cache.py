@@ -9,6 +9,7 @@ other API test runs.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from agents.models import Gpu, Node
 from scheduler.api import page_selectors
 from scheduler.api.page_selectors import PageCache, job_page_statement, job_page_versions_statement
 from scheduler.models import Allocation, Job, JobState, PriorityClass
+from tests.factories import wait_for
 
 from .helpers import job_make, node_make
 
@@ -286,3 +288,52 @@ def test_the_cache_is_bounded_in_bytes():
     assert 1 <= len(cache) <= 4 and cache.get(9) is not None and cache.get(0) is None  # oldest out first
     cache.put("big", page_selectors._Kept(b"v", rows * 10))  # larger than the whole cache: not kept
     assert cache.get("big") is None
+
+
+def test_requests_for_a_page_at_the_same_time_share_a_read_begun_after_they_asked(finished, tenant, monkeypatch):
+    """Requests that ask for a page while its read is in the air wait for it, then share the next read: one
+    check (and one page written, when it changed) for all of them, and never the read in the air, begun
+    before they asked (it would not show what was written before they asked)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scheduler.api.page_selectors import job_page_rows, page_reads
+
+    waiters, key = 5, (tenant.pk, "n", None, 50)
+    real_versions, real_page = page_selectors.job_page_versions, page_selectors.job_page_json
+    in_air, release, runs = threading.Event(), threading.Event(), {"versions": 0, "page": 0}
+
+    def versions(**kwargs):
+        runs["versions"] += 1
+        if runs["versions"] == 1:
+            read = real_versions(**kwargs)  # its snapshot: before the rename below
+            in_air.set()
+            assert release.wait(10)
+            return read
+        # The other requests have joined this read's flight.
+        wait_for(lambda: page_reads.waiting(key) == waiters - 1, timeout=10, interval=0.001)
+        return real_versions(**kwargs)
+
+    def page(**kwargs):
+        runs["page"] += 1
+        return real_page(**kwargs)
+
+    def rows():
+        try:
+            return job_page_rows(tenant=tenant.pk, direction="n", key=None, size=50)
+        finally:
+            connection.close()  # this thread's own connection
+
+    rows()  # the page is kept
+    monkeypatch.setattr(page_selectors, "job_page_versions", versions)
+    monkeypatch.setattr(page_selectors, "job_page_json", page)
+    with ThreadPoolExecutor(waiters + 1) as pool:
+        first = pool.submit(rows)
+        assert in_air.wait(10)
+        with scopes_disabled():
+            Job.objects.filter(pk=finished[5].pk).update(name="renamed before they asked")
+        later = [pool.submit(rows) for _ in range(waiters)]
+        wait_for(lambda: page_reads.waiting(key) == waiters, timeout=10, interval=0.001)
+        release.set()
+        assert '"name":"job 5"' in first.result(10)[0]["json"]  # its read began before the rename
+        assert all('"name":"renamed before they asked"' in r.result(10)[0]["json"] for r in later)
+    assert runs == {"versions": 2, "page": 1}
