@@ -18,8 +18,9 @@ Why a shared result is never older than what its caller could see on its own:
 - A flight whose read raised hands nothing on: its leader raises, and its waiters go round again (one of
   them leads the next flight).
 
-So a caller waits at most for the flight in the air and the next one, and a burst of ``n`` callers costs two
-reads instead of ``n``. What a read returns is shared between callers: they must not change it.
+So a caller waits at most for the flight in the air and the next one (unless a read fails), and a burst of
+``n`` callers costs two reads instead of ``n``; a lone caller waits for nothing. What a read returns is
+shared between callers: they must not change it.
 """
 
 from __future__ import annotations

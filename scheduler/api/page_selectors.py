@@ -221,6 +221,7 @@ class PageCache(LockedLRU):
 
 
 pages = PageCache(settings.GPUSHARE["LIST_CACHE_BYTES"])
+page_reads: FreshFlights[list[dict]] = FreshFlights()  # the reads of a page that requests share
 
 
 def job_page_rows(*, tenant, direction: str, key, size: int) -> list[dict]:
@@ -235,9 +236,6 @@ def job_page_rows(*, tenant, direction: str, key, size: int) -> list[dict]:
     return page_reads.run(
         cache_key, lambda: _page_read(cache_key, tenant=tenant, direction=direction, key=key, size=size)
     )
-
-
-page_reads: FreshFlights[list[dict]] = FreshFlights()
 
 
 def _page_read(cache_key, *, tenant, direction: str, key, size: int) -> list[dict]:
