@@ -35,15 +35,22 @@ class Reads:
         return run
 
 
+def burst(pool, flights, reads):
+    """A caller's read of "page" in the air, ``WAITERS`` callers asking meanwhile, then the read lands: the
+    first caller's future and the others'."""
+    first = pool.submit(flights.run, "page", reads)
+    assert reads.in_air.wait(10)
+    waiters = [pool.submit(flights.run, "page", reads) for _ in range(WAITERS)]
+    wait_for(lambda: flights.waiting("page") == WAITERS, timeout=10, interval=0.001)
+    reads.release.set()
+    return first, waiters
+
+
 def test_callers_that_ask_while_a_read_is_in_the_air_share_the_next_one():
     flights = FreshFlights()
     reads = Reads(flights, "page", expect={2: WAITERS - 1})
     with ThreadPoolExecutor(WAITERS + 1) as pool:
-        first = pool.submit(flights.run, "page", reads)
-        assert reads.in_air.wait(10)
-        waiters = [pool.submit(flights.run, "page", reads) for _ in range(WAITERS)]
-        wait_for(lambda: flights.waiting("page") == WAITERS, timeout=10, interval=0.001)
-        reads.release.set()
+        first, waiters = burst(pool, flights, reads)
         assert first.result(10) == 1
         # The run in the air began before they asked: none of them gets its result, all get the next run's.
         assert [w.result(10) for w in waiters] == [2] * WAITERS
@@ -56,11 +63,7 @@ def test_a_failed_read_raises_for_its_caller_and_its_waiters_read_again():
     # Run 2 (the first the waiters may share) fails: its leader raises, the other waiters share run 3.
     reads = Reads(flights, "page", expect={2: WAITERS - 1, 3: WAITERS - 2}, fail=2)
     with ThreadPoolExecutor(WAITERS + 1) as pool:
-        first = pool.submit(flights.run, "page", reads)
-        assert reads.in_air.wait(10)
-        waiters = [pool.submit(flights.run, "page", reads) for _ in range(WAITERS)]
-        wait_for(lambda: flights.waiting("page") == WAITERS, timeout=10, interval=0.001)
-        reads.release.set()
+        first, waiters = burst(pool, flights, reads)
         assert first.result(10) == 1
         failed = [w for w in waiters if w.exception(10) is not None]
         shared = [w.result(10) for w in waiters if w.exception(10) is None]
