@@ -232,20 +232,20 @@ def job_page_rows(*, tenant, direction: str, key, size: int) -> list[dict]:
     PostgreSQL only."""
     if connection.in_atomic_block:
         return job_page_json(tenant=tenant, direction=direction, key=key, size=size).rows
-    cache_key = (tenant_id_of(tenant), direction, key, size)
-    return page_reads.run(
-        cache_key, lambda: _page_read(cache_key, tenant=tenant, direction=direction, key=key, size=size)
-    )
+    page = (tenant_id_of(tenant), direction, key, size)
+    return page_reads.run(page, lambda: _page_read(page))
 
 
-def _page_read(cache_key, *, tenant, direction: str, key, size: int) -> list[dict]:
+def _page_read(page: tuple) -> list[dict]:
+    """The rows of ``page`` (``(tenant id, direction, key, size)``, also its key in the kept pages), read now."""
+    tenant, direction, key, size = page
     if not settings.GPUSHARE["LIST_CACHE_BYTES"]:
         return job_page_json(tenant=tenant, direction=direction, key=key, size=size).rows
-    kept = pages.get(cache_key)
+    kept = pages.get(page)
     if kept is not None and kept.rows is not None:
         if job_page_versions(tenant=tenant, direction=direction, key=key, size=size) == kept.versions:
             return kept.rows
-    page = job_page_json(tenant=tenant, direction=direction, key=key, size=size)
-    keep = page.rows and not any(row["state"] == JobState.QUEUED for row in page.rows)
-    pages.put(cache_key, _Kept(page.versions, page.rows if keep else None))
-    return page.rows
+    written = job_page_json(tenant=tenant, direction=direction, key=key, size=size)
+    keep = written.rows and not any(row["state"] == JobState.QUEUED for row in written.rows)
+    pages.put(page, _Kept(written.versions, written.rows if keep else None))
+    return written.rows
