@@ -1,7 +1,12 @@
 # The words a newcomer guesses: run, test, lint, bench, chaos.
-PYTHON ?= python3
+# The CPython .venv is made with: the OS's own optimised build when there is one (scripts/python_pick.py).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell python3 scripts/python_pick.py 2>/dev/null || echo python3)
+endif
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Names the interpreter .venv was made with: another choice of PYTHON makes .venv again.
+VENV_MADE := $(VENV)/.made-with$(subst /,-,$(PYTHON))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test lint format bench chaos native clean help
@@ -13,11 +18,13 @@ help:
 	@echo "make lint   - ruff"
 	@echo "make native - compile the placement core with mypyc (test, bench and chaos do it first)"
 
-$(BIN)/python:
+$(VENV_MADE):
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@touch $@
 
-$(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements.txt pyproject.toml client/pyproject.toml $(VENV_MADE)
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip install -q --no-deps -e client
