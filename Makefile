@@ -6,7 +6,7 @@ endif
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Names the interpreter .venv was made with: another choice of PYTHON makes .venv again.
-VENV_MADE := $(VENV)/.made-with$(subst /,-,$(PYTHON))
+VENV_MADE := $(VENV)/.made-with-$(subst /,-,$(patsubst /%,%,$(PYTHON)))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test lint format bench chaos native clean help
