@@ -5,6 +5,7 @@ own CPython when it can make a virtual environment, else the one the picker runs
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,11 @@ def test_the_check_runs_the_candidate(picker, tmp_path):
 
 
 def test_another_interpreter_makes_the_venv_again():
+    # A make of its own: not a sub-make of `make test` (which would print "Entering directory" and hand down
+    # its command line's variables).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON")}
     dry = subprocess.run(
-        ["make", "-n", "native", "PYTHON=/opt/other/bin/python3.11"], cwd=ROOT, capture_output=True, text=True
+        ["make", "-n", "native", "PYTHON=/opt/other/bin/python3.11"], cwd=ROOT, capture_output=True, text=True, env=env
     )
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
