@@ -92,7 +92,7 @@ def machine() -> dict:
     info = {
         "python": sys.version.split()[0],
         # Which build: the OS's (PGO + LTO) or a version manager's runs the same code 20-30% apart (Makefile).
-        "python_interpreter": os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+        "python_interpreter": os.path.realpath(sys.executable),  # through the venv's link, to the build
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
     }

@@ -5,9 +5,9 @@ The operating system's own CPython (3.11, else 3.12 or 3.13) when it has one tha
 
 Why: distributions build their CPython with profile-guided and link-time optimisation, and so does the
 official Docker image the ``Dockerfile`` starts from. A version manager's default build (pyenv's, say) does
-neither. On the bench machine pyenv's 3.11 spent 20-30% more CPU per API request than Debian's 3.11
-(docs/benchmarks.md, "Session 27"), so tests and benchmarks on it measured a slower server than the one
-deployed. ``make PYTHON=/path/to/python3`` still picks another, and ``.venv`` is made again when the
+neither. On the bench machine pyenv's 3.11 spent 20-30% more CPU on a submit, a job list page or a job
+detail than Debian's 3.11 (docs/benchmarks.md, "Session 27"), so tests and benchmarks on it measured a slower
+server than the one deployed. ``make PYTHON=/path/to/python3`` still picks another, and ``.venv`` is made again when the
 choice changes (the Makefile's ``VENV_MADE``).
 
 Standard library only: it runs before the virtual environment exists.
