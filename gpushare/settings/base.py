@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from agents.agent.brokerconf import PLATFORM_QUEUE, REPORT_QUEUE, broker_options
 from gpushare.observability.logs import logging_config
@@ -113,8 +114,29 @@ TEMPLATES = [
 ]
 
 
+def conn_max_age(value: str | None) -> int | None:
+    """``GPUSHARE_DB_CONN_MAX_AGE``: seconds a process keeps a database connection; unset or empty, for the
+    process's life (``None``). Each thread's new connection costs the request that opens it ~15 ms (a server
+    process forked, its caches cold, the prepared statements sent again): with a 60 s age every thread paid
+    that once a minute, in the middle of someone's request (docs/benchmarks.md, session 28). A connection
+    the server ended is still replaced before a request's first query (``CONN_HEALTH_CHECKS``)."""
+    if value is None or not value.strip():
+        return None
+    try:
+        seconds = int(value)
+    except ValueError:
+        seconds = -1
+    if seconds < 0:
+        raise ImproperlyConfigured(
+            f"GPUSHARE_DB_CONN_MAX_AGE={value!r}: whole seconds >= 0 (0: a connection per request), or empty"
+            " to keep a connection for the process's life"
+        )
+    return seconds
+
+
 def database_from_url(url: str) -> dict:
-    config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    max_age = conn_max_age(os.environ.get("GPUSHARE_DB_CONN_MAX_AGE"))
+    config = dj_database_url.parse(url, conn_max_age=max_age, conn_health_checks=True)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets the web server read while the worker writes; IMMEDIATE
         # transactions take the write lock up front instead of failing late.
