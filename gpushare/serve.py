@@ -9,6 +9,11 @@ Settings, from the environment (flags win; ``python -m gpushare.serve --help``):
 
 - ``WEB_BIND`` (``0.0.0.0:8000``), ``WEB_CONCURRENCY`` (worker processes, 3), ``WEB_THREADS``
   (threads per worker, 4), ``WEB_BACKLOG`` (2048);
+- ``WEB_THREADS_IDLE_TIMEOUT`` (seconds, 5-600; 600): how long granian keeps a thread that serves
+  nothing. Each thread holds its own database connection (Django's are per thread), so a thread
+  granian ends and starts again costs the next request on it a new connection, ~15 ms (granian's
+  default, 30 s, made the array submits of the bench's rounds 12-23 ms instead of 6-9;
+  docs/benchmarks.md, session 28);
 - ``LOG_FORMAT`` / ``LOG_LEVEL``: the server's own lines go through the platform's handler; there
   is no access log, ``gpushare.request`` logs each request with its id, tenant, status and duration;
 - ``PROMETHEUS_MULTIPROC_DIR``: where every worker writes its series (prometheus-client's
@@ -39,6 +44,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _idle_timeout(text: str) -> int:
+    if not text.strip().isdigit() or not 5 <= int(text) <= 600:
+        raise argparse.ArgumentTypeError(f"expected whole seconds from 5 to 600 (granian's range), not {text!r}")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m gpushare.serve", description=__doc__.split("\n\n")[0])
@@ -46,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", type=_bind, default=env("WEB_BIND", "0.0.0.0:8000"), help="HOST:PORT (WEB_BIND)")
     p.add_argument("--workers", type=_positive, default=env("WEB_CONCURRENCY", "3"), help="processes")
     p.add_argument("--threads", type=_positive, default=env("WEB_THREADS", "4"), help="threads per process")
+    p.add_argument(
+        "--threads-idle-timeout",
+        type=_idle_timeout,
+        default=env("WEB_THREADS_IDLE_TIMEOUT", "600"),
+        help="seconds an idle thread (and its database connection) is kept",
+    )
     p.add_argument("--backlog", type=_positive, default=env("WEB_BACKLOG", "2048"))
     p.add_argument("--graceful-timeout", type=_positive, default=env("WEB_GRACEFUL_TIMEOUT", "30"))
     return p
@@ -100,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         interface=Interfaces.WSGI,
         workers=args.workers,
         blocking_threads=args.threads,
+        blocking_threads_idle_timeout=args.threads_idle_timeout,
         backlog=args.backlog,
         log_dictconfig=log_config(),
         log_level=_level(os.environ.get("LOG_LEVEL", "INFO")),

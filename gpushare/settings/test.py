@@ -9,7 +9,8 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:543
 if not DATABASE_URL.startswith(("postgres://", "postgresql://")):
     raise RuntimeError("The test suite runs on PostgreSQL: set DATABASE_URL=postgres://...")
 DATABASES = {"default": database_from_url(DATABASE_URL)}
-DATABASES["default"]["CONN_MAX_AGE"] = 0
+if "GPUSHARE_DB_CONN_MAX_AGE" not in os.environ:  # a connection per request, unless a test's server asks
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = broker_options(REDIS_URL, VAR_DIR)

@@ -59,13 +59,13 @@ def spawn():
         _stop(proc)
 
 
-def web_server(spawn, env: dict) -> str:
+def web_server(spawn, env: dict, workers: int = 2) -> str:
     """The web server as deployed (``gpushare.serve``: multiprocess metrics), two workers, on a free port;
     returns its URL."""
     port = free_port()
     proc, log_path = spawn(
         "web",
-        [sys.executable, "-m", "gpushare.serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        [sys.executable, "-m", "gpushare.serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)],
         env,
     )
     url = f"http://127.0.0.1:{port}"

@@ -7,6 +7,7 @@ import os
 import tempfile
 
 import pytest
+from django.db import connection
 
 from gpushare import serve
 
@@ -19,6 +20,87 @@ def test_the_settings_come_from_the_environment_and_flags_win(monkeypatch):
     assert (args.bind, args.workers, args.threads, args.backlog) == (("127.0.0.1", 9001), 5, 2, 2048)
     args = serve.parser().parse_args(["--bind", "[::]:8000", "--workers", "1"])
     assert (args.bind, args.workers) == (("::", 8000), 1)
+
+
+def test_an_idle_thread_is_kept_as_long_as_granian_allows_by_default(monkeypatch):
+    monkeypatch.delenv("WEB_THREADS_IDLE_TIMEOUT", raising=False)
+    assert serve.parser().parse_args([]).threads_idle_timeout == 600
+    monkeypatch.setenv("WEB_THREADS_IDLE_TIMEOUT", "45")
+    assert serve.parser().parse_args([]).threads_idle_timeout == 45
+
+
+def test_the_server_is_given_the_idle_timeout(monkeypatch):
+    import granian
+
+    given = {}
+
+    class Recorder:
+        def __init__(self, target, **kwargs):
+            given.update(kwargs)
+
+        def serve(self):
+            pass
+
+    monkeypatch.setattr(granian, "Granian", Recorder)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # made and removed by main()
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    monkeypatch.delenv("WEB_THREADS_IDLE_TIMEOUT", raising=False)
+    serve.main(["--bind", "127.0.0.1:9002", "--threads", "3"])
+    assert (given["blocking_threads"], given["blocking_threads_idle_timeout"]) == (3, 600)
+
+
+@pytest.mark.parametrize("value", ["4", "601", "ten"])
+def test_an_idle_timeout_out_of_granians_range_is_refused_with_the_rule(capsys, value):
+    with pytest.raises(SystemExit):
+        serve.parser().parse_args(["--threads-idle-timeout", value])
+    assert "expected whole seconds from 5 to 600" in capsys.readouterr().err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_threads_and_their_database_connections_outlive_an_idle_spell(spawn):
+    """One worker of four threads, connections kept (the default outside the test settings), two servers:
+    granian's shortest idle timeout (5 s) and ours. A burst of concurrent requests starts every thread, each
+    with its connection; after 7 s idle the first server has ended all but one thread, so the next burst
+    runs on new threads that open new connections; ours serves it on the same ones."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    from tests.factories import TenantFactory, token_for
+    from tests.processes import process_env
+
+    from .conftest import web_server
+
+    headers = {"Authorization": f"Bearer {token_for(TenantFactory())}"}
+
+    def burst(url: str) -> None:  # tokens checked and lists read, on as many threads as granian starts
+        with ThreadPoolExecutor(16) as pool:
+            for r in pool.map(lambda _: requests.get(f"{url}/api/v1/jobs/", headers=headers, timeout=30), range(64)):
+                assert r.status_code == 200
+
+    def backends(name: str) -> set[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+            return {pid for (pid,) in cursor.fetchall()}
+
+    servers = {}
+    for name, timeout in (("gpushare-web-reaped", "5"), ("gpushare-web-kept", None)):
+        env = process_env({"GPUSHARE_DB_CONN_MAX_AGE": "", "WEB_THREADS": "4"})
+        env["DATABASE_URL"] += f"?application_name={name}"
+        env.pop("WEB_THREADS_IDLE_TIMEOUT", None)
+        if timeout:
+            env["WEB_THREADS_IDLE_TIMEOUT"] = timeout
+        servers[name] = url = web_server(spawn, env, workers=1)
+        burst(url)
+    before = {name: backends(name) for name in servers}
+    assert all(len(pids) > 1 for pids in before.values()), before  # the burst started more than one thread
+    time.sleep(7)
+    for url in servers.values():
+        burst(url)
+    opened = {name: backends(name) - before[name] for name in servers}
+    assert opened["gpushare-web-kept"] == set()
+    assert opened["gpushare-web-reaped"], "granian's threads were not ended: the test shows nothing"
 
 
 def test_a_bind_without_a_port_is_refused_with_the_rule(capsys):
