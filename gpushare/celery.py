@@ -128,6 +128,16 @@ def _observability_connect() -> None:
     signals.worker_ready.connect(ops.worker_ready, weak=False)
     signals.worker_shutting_down.connect(ops.worker_shutting_down, weak=False)
     signals.beat_init.connect(ops.beat_init, weak=False)
+    # What the worker keeps, out of the garbage collector's full walks (gpushare/heap.py): in the main
+    # process before its pool's children fork (they start with it frozen), and in each child once set up.
+    signals.worker_init.connect(_heap_settle, weak=False)
+    signals.worker_process_init.connect(_heap_settle, weak=False)
+
+
+def _heap_settle(**_kwargs) -> None:
+    from gpushare.heap import heap_settle
+
+    heap_settle()
 
 
 _observability_connect()

@@ -1,0 +1,25 @@
+"""The objects a process makes while it starts, out of the garbage collector's reach (``gc.freeze``).
+
+A Django process holds ~140,000 objects the collector tracks once its apps, URL patterns and first
+requests are loaded: modules, classes, functions, settings, compiled patterns, nearly all of them for
+the process's life. CPython's oldest-generation collection walks every one of them, and the web and
+worker processes ran one every few seconds under load: 70-180 ms each on the bench machine, during
+which that process's requests or tasks wait (a gen2 pause of 141 ms in a web worker in the middle of
+a burst of submits; docs/benchmarks.md, session 28). Frozen, those objects are never walked again,
+and a full collection walks only what was made since (under 1 ms). Objects frozen are never freed;
+only what exists when the process is ready is frozen, after a collection has taken its garbage.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def heap_settle() -> None:
+    """Collect, then freeze what is left: call once the process has loaded what it keeps (Django set
+    up, its URL patterns imported), before it serves."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 - the URL conf imports every view, serializer and form
+    gc.collect()
+    gc.freeze()
