@@ -2,12 +2,12 @@
 
 A Django process holds ~140,000 objects the collector tracks once its apps, URL patterns and first
 requests are loaded: modules, classes, functions, settings, compiled patterns, nearly all of them for
-the process's life. CPython's oldest-generation collection walks every one of them, and the web and
-worker processes ran one every few seconds under load: 70-180 ms each on the bench machine, during
-which that process's requests or tasks wait (a gen2 pause of 141 ms in a web worker in the middle of
-a burst of submits; docs/benchmarks.md, session 28). Frozen, those objects are never walked again,
-and a full collection walks only what was made since (under 1 ms). Objects frozen are never freed;
-only what exists when the process is ready is frozen, after a collection has taken its garbage.
+the process's life. CPython's oldest-generation collection walks every one of them: 70-180 ms each
+on the bench machine, during which that process's requests or tasks wait. In 75 s of the bench's
+submit rounds the web's workers ran three, of 70, 141 and 24 ms (docs/benchmarks.md, session 28).
+Frozen, those objects are never walked again, and a full collection walks only what was made since.
+Frozen objects are never collected as cycles (reference counting still frees them): only what exists
+when the process is ready is frozen, after a collection has taken its garbage.
 """
 
 from __future__ import annotations

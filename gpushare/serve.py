@@ -11,9 +11,9 @@ Settings, from the environment (flags win; ``python -m gpushare.serve --help``):
   (threads per worker, 4), ``WEB_BACKLOG`` (2048);
 - ``WEB_THREADS_IDLE_TIMEOUT`` (seconds, 5-600; 600): how long granian keeps a thread that serves
   nothing. Each thread holds its own database connection (Django's are per thread), so a thread
-  granian ends and starts again costs the next request on it a new connection, ~15 ms (granian's
-  default, 30 s, made the array submits of the bench's rounds 12-23 ms instead of 6-9;
-  docs/benchmarks.md, session 28);
+  granian ends and starts again costs the next request on it a new connection, ~15 ms (an array
+  submit on a new connection took 22 ms in the bench's rounds, against 6-9 ms; granian's default is
+  30 s; docs/benchmarks.md, session 28);
 - ``LOG_FORMAT`` / ``LOG_LEVEL``: the server's own lines go through the platform's handler; there
   is no access log, ``gpushare.request`` logs each request with its id, tenant, status and duration;
 - ``PROMETHEUS_MULTIPROC_DIR``: where every worker writes its series (prometheus-client's
