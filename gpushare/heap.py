@@ -16,10 +16,7 @@ import gc
 
 
 def heap_settle() -> None:
-    """Collect, then freeze what is left: call once the process has loaded what it keeps (Django set
-    up, its URL patterns imported), before it serves."""
-    from django.urls import get_resolver
-
-    get_resolver().url_patterns  # noqa: B018 - the URL conf imports every view, serializer and form
+    """Collect, then freeze what is left: call once the process has loaded what it keeps (for the web,
+    its URL conf too), before it serves."""
     gc.collect()
     gc.freeze()

@@ -10,17 +10,11 @@ import time
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import request_finished, request_started
-from django.db import connection
 
 from gpushare.settings.base import conn_max_age, database_from_url
+from tests.db_connections import backend_pid, connections_kept
 
 URL = "postgres://postgres@127.0.0.1:5432/gpushare_any"
-
-
-def backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 def request(body):
@@ -29,22 +23,6 @@ def request(body):
         return body()
     finally:
         request_finished.send(sender=None)
-
-
-@pytest.fixture
-def kept_for(transactional_db):
-    """Connections of the test's thread kept by the rule given: ``kept_for(max_age)``."""
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's connections")
-    saved = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
-    connection.close()
-
-    def rule(max_age):
-        connection.settings_dict.update(CONN_MAX_AGE=max_age, CONN_HEALTH_CHECKS=True)
-
-    yield rule
-    connection.close()
-    connection.settings_dict.update(saved)
 
 
 @pytest.fixture
@@ -76,18 +54,20 @@ def test_a_bad_age_is_refused_with_the_rule(value):
         conn_max_age(value)
 
 
-def test_a_kept_connection_serves_requests_an_hour_apart(kept_for, later):
-    kept_for(conn_max_age(None))
-    pid = request(backend_pid)
-    later(3600)
-    assert request(backend_pid) == pid
-    assert request(backend_pid) == pid
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_connection_serves_requests_an_hour_apart(later):
+    with connections_kept(conn_max_age(None)):
+        pid = request(backend_pid)
+        later(3600)
+        assert request(backend_pid) == pid
+        assert request(backend_pid) == pid
 
 
-def test_a_connection_past_its_age_is_replaced_at_the_next_request(kept_for, later):
-    kept_for(conn_max_age("60"))
-    pid = request(backend_pid)
-    later(30)
-    assert request(backend_pid) == pid
-    later(31)
-    assert request(backend_pid) != pid
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_past_its_age_is_replaced_at_the_next_request(later):
+    with connections_kept(conn_max_age("60")):
+        pid = request(backend_pid)
+        later(30)
+        assert request(backend_pid) == pid
+        later(31)
+        assert request(backend_pid) != pid

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql.base import DatabaseWrapper as DjangosWrapper
 
+from tests.db_connections import backend_pid
+
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's backend"),
     pytest.mark.django_db(transaction=True),
@@ -23,12 +25,6 @@ def asked(monkeypatch):
     real = DjangosWrapper.is_usable
     monkeypatch.setattr(DjangosWrapper, "is_usable", lambda self: calls.append(1) or real(self))
     return calls
-
-
-def backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
 
 
 def terminate(pid: int) -> None:

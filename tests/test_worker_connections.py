@@ -8,12 +8,7 @@ from celery.signals import task_postrun, task_prerun
 from django.db import connection, connections
 
 import gpushare.celery  # noqa: F401 - connects the task signal handlers
-
-
-def backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
+from tests.db_connections import backend_pid, connections_kept
 
 
 def task(body):
@@ -26,12 +21,8 @@ def task(body):
 
 @pytest.fixture
 def persistent_connections(transactional_db):
-    saved = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
-    connection.close()
-    connection.settings_dict.update(CONN_MAX_AGE=60, CONN_HEALTH_CHECKS=True)
-    yield
-    connection.close()
-    connection.settings_dict.update(saved)
+    with connections_kept(60):
+        yield
 
 
 def test_a_connection_outlives_the_task_and_a_killed_one_is_replaced(persistent_connections):

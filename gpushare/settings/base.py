@@ -122,16 +122,12 @@ def conn_max_age(value: str | None) -> int | None:
     the server ended is still replaced before a request's first query (``CONN_HEALTH_CHECKS``)."""
     if value is None or not value.strip():
         return None
-    try:
-        seconds = int(value)
-    except ValueError:
-        seconds = -1
-    if seconds < 0:
+    if not value.strip().isdigit():
         raise ImproperlyConfigured(
             f"GPUSHARE_DB_CONN_MAX_AGE={value!r}: whole seconds >= 0 (0: a connection per request), or empty"
             " to keep a connection for the process's life"
         )
-    return seconds
+    return int(value)
 
 
 def database_from_url(url: str) -> dict:
