@@ -141,8 +141,11 @@ def in_flight_bound() -> int:
 # under the lock decides, and a submit the hint misleads into the shared path (near a limit, or a money
 # limit set since) is admitted again, exactly (``AdmitAgain``), with the hint renewed; inside a caller's
 # transaction, which cannot be run again, it answers 409. Limits changed by this process drop its hints at
-# once (``limits_changed``); limits older than ``LIMITS_HINT_S`` are looked at again.
-LIMITS_HINT_S = 5.0
+# once (``limits_changed``); limits older than ``LIMITS_HINT_S`` are looked at again. A hint only saves
+# statements (a wrong one costs one admission again), so it lasts minutes: at 5 s, a CI pipeline submitting
+# every few seconds, or the bench's array call after its one-job rounds, missed it and paid the unlocked look
+# or the separate insert every time (docs/benchmarks.md, session 29).
+LIMITS_HINT_S = 300.0
 _limits_last: dict[int, tuple[Limits, float]] = {}
 _counts_last: dict[int, tuple[int, int]] = {}
 

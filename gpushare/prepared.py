@@ -122,8 +122,9 @@ _names = itertools.count(1)
 class ServerStatement:
     """A statement written with psycopg2's placeholders (``%s`` or ``%(name)s``, not both), which on
     PostgreSQL is sent once per connection as ``PREPARE`` and then run as ``EXECUTE`` with each call's
-    values: PostgreSQL parses and plans it once, not at every call (it keeps a generic plan once that
-    costs no more than custom ones, its own rule).
+    values: PostgreSQL parses and plans it once, not at every call. The platform's connections ask for
+    that one generic plan from the first run (``plan_cache_mode``, gpushare/settings/base.py); left to its
+    own rule, PostgreSQL plans the first five runs on each connection again for their values.
 
     What a connection has prepared is kept on Django's connection object and forgotten when a new
     connection is made (``connection_created``); a prepared statement outlives a rolled-back

@@ -148,7 +148,12 @@ def database_from_url(url: str) -> dict:
         options.setdefault("connect_timeout", 5)  # an unreachable server fails fast
         # No JIT: the API's queries are short index scans whose estimates (subplans per row) can pass the
         # JIT threshold, and compiling them cost ~200 ms for a 1 ms job list page (docs/benchmarks.md, #19).
-        options.setdefault("options", "-c jit=off")
+        # Generic plans for the statements prepared on the server (gpushare.prepared.ServerStatement): by
+        # default PostgreSQL plans each of the first five runs on a connection again for its values, and a
+        # connection per thread, kept for the process's life, met a rarely sent statement (an array submit's)
+        # in that phase at nearly every call: 1.2-1.4 ms for its EXECUTE against 0.6 ms with the plan kept
+        # (docs/benchmarks.md, session 29). Queries Django sends as text are planned each time either way.
+        options.setdefault("options", "-c jit=off -c plan_cache_mode=force_generic_plan")
     return config
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 
 import pytest
 from django.core import mail
@@ -224,6 +226,13 @@ def test_admission_without_counted_limits_reads_only_the_limits(rules, tenant, d
     # Limits read longer ago than the hint lasts (another process may have changed them) are looked at again.
     monkeypatch.setattr(admission_services, "LIMITS_HINT_S", 0.0)
     with django_assert_num_queries(2):
+        submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
+    monkeypatch.undo()
+    # A minute later (a CI pipeline's next submit) the hint still stands: a wrong one costs an admission
+    # again, so it lasts minutes.
+    later = time.monotonic() + 60
+    monkeypatch.setattr(admission_services, "time", SimpleNamespace(monotonic=lambda: later))
+    with django_assert_num_queries(1):
         submission_check(tenant=tenant, mode="dedicated", gpu_milli=1000)
 
 

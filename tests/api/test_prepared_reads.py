@@ -133,6 +133,24 @@ def test_a_server_statement_survives_a_rolled_back_transaction():
         assert cursor.fetchone() == (42,)
 
 
+def test_a_server_statement_runs_its_one_generic_plan_from_the_first_call(tenant):
+    """The platform's connections keep one plan per prepared statement from its first run
+    (``plan_cache_mode``): left to PostgreSQL's own rule, each of a connection's first five runs is planned
+    again for its values, which made an array submit's EXECUTE 1.2-1.4 ms instead of 0.6 (session 29).
+    A plan made for the values shows them; the generic plan shows ``$1``."""
+    from django.db import connection
+
+    from gpushare.prepared import ServerStatement
+
+    statement = ServerStatement("SELECT id FROM accounts_tenant WHERE id = %s")
+    with connection.cursor() as cursor:
+        statement.execute(cursor, [tenant.pk])
+        assert cursor.fetchone() == (tenant.pk,)
+        cursor.execute(f"EXPLAIN EXECUTE {statement.name} ({int(tenant.pk)})")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "$1" in plan, plan
+
+
 def test_server_statements_off_run_the_text_as_is(settings):
     """Behind a pooler in transaction mode (GPUSHARE_DB_SERVER_PREPARED=0) nothing is prepared."""
     from django.db import connection
