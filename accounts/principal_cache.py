@@ -121,8 +121,12 @@ def _changed(keys) -> None:
 
 @lru_cache(maxsize=1)
 def _watch(client) -> KeyWatch | None:
-    """This process's watch on the version keys, on the server ``client`` talks to."""
-    return watch_for(client, prefix=KEY_PREFIX, on_change=_changed)
+    """This process's watch on the version keys, on the server ``client`` talks to, kept live while the
+    process is quiet (``KeyWatch.keep``): a client calling every few seconds is trusted without a round trip."""
+    watch = watch_for(client, prefix=KEY_PREFIX, on_change=_changed)
+    if watch is not None:
+        watch.keep()
+    return watch
 
 
 def enabled() -> bool:
@@ -317,7 +321,7 @@ def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], lis
                 waits[key] = 0
                 continue
             if lease is None or lease.plan != (interval, burst):
-                want, back = 1, 0
+                want, back = min(_lease_cap(interval, burst), 2), 0  # one for this request, one kept (below)
             elif lease.left:  # ended with requests left: this request takes one, the rest go back, ask for fewer
                 waits[key] = 0
                 want = max(1, lease.size // 2)
@@ -326,8 +330,9 @@ def _leases_take(plans: list[RatePlan], now: float) -> tuple[dict[str, int], lis
                 continue
             elif lease.until > now:  # ran out before it ended: ask for more
                 want, back = min(_lease_cap(interval, burst), lease.size * 2), 0
-            else:
-                want, back = min(_lease_cap(interval, burst), lease.size), 0
+            else:  # ended, spent: a quiet client's next request. One more than it takes, if the limit allows,
+                # so that the request after it is lent that one and renews after its response, not before
+                want, back = min(_lease_cap(interval, burst), max(2, lease.size)), 0
             _leases[key] = Lease(plan=(interval, burst), left=0, until=0.0, size=want)  # handed back once
             renew.append(Renewal(key, interval, burst, want, back))
     return waits, renew, later

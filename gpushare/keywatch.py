@@ -6,9 +6,9 @@ RESP3): whenever any client writes, deletes, expires or evicts a key starting wi
 FLUSHALL). ``accounts.principal_cache`` uses it to trust a cached token check without asking Redis on
 every request.
 
-A watch never blocks a request and never runs a thread. :meth:`KeyWatch.poll` reads, without waiting,
-whatever the socket holds and hands each notice to ``on_change`` before it answers. So a notice that
-reached this host before a request starts is applied before that request looks at the cache.
+A watch never blocks a request. :meth:`KeyWatch.poll` reads, without waiting, whatever the socket holds
+and hands each notice to ``on_change`` before it answers. So a notice that reached this host before a
+request starts is applied before that request looks at the cache.
 
 **What "live" means.** Redis answers on a connection in order, so a PONG proves that every notice Redis
 queued before it read the PING has arrived. The watch sends a PING at most every ``PING_EVERY_S``, from
@@ -18,6 +18,14 @@ a poll, one at a time. :meth:`poll` answers True only while the last PING answer
 the PING and is not trusted. A PING unanswered for ``LIVE_FOR_S``, a closed or a broken link: the watch
 calls ``on_change(None)`` (forget everything), bumps :attr:`KeyWatch.epoch`, and dials again at most
 every ``RETRY_S``.
+
+**Kept live while the process is quiet** (:meth:`KeyWatch.keep`). Polled by requests alone, a watch was
+live only for a process answering a request at least every second or so: a CI pipeline polling every few
+seconds found it stale at every call, and each call asked Redis instead (0.25-0.4 ms after an idle second
+on the bench machine, docs/benchmarks.md, session 29). A kept watch is also polled every ``KEEP_EVERY_S``
+by one daemon thread per process (started again in a forked child at its first poll), which applies the
+notices, sends the PINGs and dials a lost link again, off any request. What "live" proves is unchanged:
+the thread only does what a request's poll would have done.
 
 TLS (``rediss://``) goes through redis-py's own TLS set-up for the URL. **Not covered:** Unix-socket
 URLs: :func:`watch_for` answers None and the caller keeps checking Redis on every request. No Django
@@ -42,6 +50,7 @@ log = logging.getLogger(__name__)
 PING_EVERY_S = 1.0
 LIVE_FOR_S = 3.0  # a PONG older than this: the watch is not live
 RETRY_S = 2.0  # between dials after the link failed
+KEEP_EVERY_S = 0.5  # a kept watch's poll from the keeper thread: its last answered PING is never older than ~1.5 s
 CONNECT_TIMEOUT_S = 1.0
 READ_SIZE = 1 << 16
 
@@ -84,10 +93,19 @@ class KeyWatch:
         self._pings_unanswered = 0
         self._dial_at = 0.0
         self._failures = 0
+        self.kept = False
         _watches.add(self)
+
+    def keep(self) -> None:
+        """Keep this watch live while the process serves nothing: polled by the keeper thread every
+        ``KEEP_EVERY_S`` as well as by requests (see the module's docstring)."""
+        self.kept = True
+        _keeper_ensure()
 
     def poll(self) -> bool:
         """Apply every notice that has arrived; True while the watch is live (a PONG within LIVE_FOR_S)."""
+        if self.kept and _keeper is None:  # a forked child: its parent's keeper thread is not here
+            _keeper_ensure()
         with self._lock:
             now = time.monotonic()
             if self._sock is None:
@@ -110,6 +128,7 @@ class KeyWatch:
             return now - self._pong_at < LIVE_FOR_S
 
     def close(self) -> None:
+        self.kept = False  # the keeper would dial it again
         with self._lock:
             if self._sock is not None:
                 self._lost(None, time.monotonic())
@@ -213,7 +232,33 @@ class KeyWatch:
         self.seen += 1
 
 
+_keeper: threading.Thread | None = None  # this process's keeper thread, once a watch is kept
+_keeper_lock = threading.Lock()
+
+
+def _keeper_ensure() -> None:
+    global _keeper
+    with _keeper_lock:
+        if _keeper is None:
+            _keeper = threading.Thread(target=_keep, name="gpushare-keywatch", daemon=True)
+            _keeper.start()
+
+
+def _keep() -> None:
+    """The keeper thread: every ``KEEP_EVERY_S``, poll each kept watch of this process."""
+    while True:
+        time.sleep(KEEP_EVERY_S)
+        for watch in list(_watches):
+            if watch.kept:
+                try:
+                    watch.poll()
+                except Exception:  # a failing on_change must not end the thread; requests poll regardless
+                    log.exception("key watch on %s:%s: the keeper's poll failed", *watch.address)
+
+
 def _after_fork() -> None:
+    global _keeper, _keeper_lock
+    _keeper, _keeper_lock = None, threading.Lock()  # threads do not survive a fork: the next poll starts one
     for watch in list(_watches):
         watch._forked()
 

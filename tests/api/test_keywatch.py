@@ -85,6 +85,58 @@ def test_an_answer_read_late_vouches_only_for_when_its_ping_was_sent(watched, mo
     live_within(watch, 1.0)
 
 
+def test_a_kept_watch_stays_live_through_a_quiet_spell(watched, monkeypatch):
+    """Kept (``KeyWatch.keep``), the watch is polled by the process's keeper thread too: after a spell with
+    no request, longer than LIVE_FOR_S, the next request's poll finds it live. Unkept, the same spell leaves
+    it not live (the test above): a client calling every few seconds asked Redis at every call."""
+    watch, _, _ = watched
+    monkeypatch.setattr(keywatch, "PING_EVERY_S", 0.05)
+    monkeypatch.setattr(keywatch, "LIVE_FOR_S", 0.2)
+    monkeypatch.setattr(keywatch, "KEEP_EVERY_S", 0.02)
+    watch.keep()
+    time.sleep(1.0)  # the keeper may be in a sleep of the default length when the test starts
+    assert watch.poll()
+
+
+def test_a_kept_watch_applies_a_notice_with_no_request_polling(watched, server, monkeypatch):
+    watch, prefix, notices = watched
+    monkeypatch.setattr(keywatch, "KEEP_EVERY_S", 0.02)
+    watch.keep()
+    time.sleep(0.6)
+    server.set(f"{prefix}k", "1")
+    deadline = time.monotonic() + 2.0
+    while [f"{prefix}k".encode()] not in notices:  # the test never polls: the keeper applies it
+        assert time.monotonic() < deadline, notices
+        time.sleep(0.01)
+
+
+def test_a_forked_child_keeps_its_own_watch_live(watched, monkeypatch):
+    """Threads do not survive a fork: a child's first poll starts its own keeper."""
+    watch, _, _ = watched
+    monkeypatch.setattr(keywatch, "PING_EVERY_S", 0.05)
+    monkeypatch.setattr(keywatch, "LIVE_FOR_S", 0.2)
+    monkeypatch.setattr(keywatch, "KEEP_EVERY_S", 0.02)
+    watch.keep()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            watch.poll()  # dials the child's own link
+            time.sleep(0.6)
+            os.write(write, b"live" if watch.poll() else b"not live")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 20) == b"live"
+
+
+def test_a_closed_watch_is_not_kept(watched):
+    watch, _, _ = watched
+    watch.keep()
+    watch.close()
+    assert not watch.kept
+
+
 def test_a_closed_link_is_noticed_at_once(watched, server):
     watch, _, notices = watched
     epoch = watch.epoch
