@@ -72,20 +72,20 @@ def changes_vacuum(folded: int) -> bool:
     return True
 
 
-def _kept(columns: str, where: str) -> str:
-    """The folded rows and the changes not folded yet that match ``where``: summed, a kept count."""
-    return f"SELECT {columns} FROM {COUNTS} WHERE {where} UNION ALL SELECT {columns} FROM {CHANGES} WHERE {where}"
+# What reads a kept count calls one of these functions (migration 0011): the folded rows plus the changes not
+# folded yet, summed, in the caller's snapshot. Not the tables themselves: the pass VACUUMs the change table
+# (above), and a VACUUM invalidates every cached plan that reads a table on every connection, where a plan
+# that only calls the function keeps (only the function's own small query is planned again).
 
 
 def tenant_counts_sql(tenant: str) -> str:
     """A subquery of the tenant's ``open`` and ``queued`` jobs (``tenant``: the SQL of its id)."""
-    return f"""(SELECT coalesce(sum(open), 0) AS open, coalesce(sum(queued), 0) AS queued
-                  FROM ({_kept("open, queued", f"tenant_id = {tenant}")}) AS rows)"""
+    return f"(SELECT n.open, n.queued FROM scheduler_tenant_open_counts({tenant}) AS n)"
 
 
 def queued_in_sql(classes: str) -> str:
     """An expression: the queued jobs of every tenant in ``classes`` (the SQL of an array of class ids)."""
-    return f"(SELECT coalesce(sum(queued), 0) FROM ({_kept('queued', f'priority_id = ANY({classes})')}) AS rows)"
+    return f"scheduler_queued_in({classes})"
 
 
 def queued_ahead_sql(priority: str) -> str:

@@ -271,3 +271,62 @@ def test_the_pass_clears_the_change_tables_dead_rows_once_enough_were_folded(sch
 
         with transaction.atomic():
             assert counts.changes_vacuum(10_000) is False
+
+
+def test_no_statement_a_submit_or_a_list_prepares_reads_the_change_table_itself(sched, tenant):
+    """The pass VACUUMs the change table every few hundred folds, and a VACUUM invalidates every cached plan
+    that reads the table, on every connection: the reads of the kept counts go through functions (migration
+    0011), so admission's read, the insert with its queue position and a page's positions keep their plans."""
+    first = submit(tenant, gpus=0.125)
+    job_array_submit(tenant=tenant, user=None, spec=JobSpec(kind="inference", gpu_milli=125, command=["true"]),
+                     array=array_parse({"count": 3}))  # fmt: skip
+    assert queue_positions_page(tenant=tenant, job_ids=[first.pk]) == {first.pk: 1}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [text for (text,) in cursor.fetchall()]
+    assert any("scheduler_tenant_open_counts(" in text for text in prepared)  # admission's read
+    assert any("scheduler_queued_in(" in text for text in prepared)  # a queue position
+    assert not [text for text in prepared if OpenJobCountChange._meta.db_table in text]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "count_sql",
+    ["(scheduler_tenant_open_counts(%(tenant)s)).queued", "scheduler_queued_in(ARRAY[%(priority)s]::bigint[])"],
+)
+def test_a_kept_count_is_read_in_the_snapshot_of_the_statement_that_asks(count_sql):
+    """The count functions are STABLE: a count asked twice in one statement is the same, though a change
+    commits in between (so a count sees a fold wholly or not at all, as when the tables were read inline).
+    A VOLATILE function would take a snapshot per query and see the change the second time."""
+    import threading
+
+    import psycopg2
+
+    ids = {"tenant": -7, "priority": -7}  # no such tenant or class: only this test's rows (no foreign keys)
+    changes = OpenJobCountChange._meta.db_table
+    other = psycopg2.connect(**connection.get_connection_params())
+    other.autocommit = True
+
+    def change() -> None:
+        time.sleep(0.15)
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {changes} (tenant_id, priority_id, open, queued) VALUES (%(tenant)s, %(priority)s, 1, 1)",
+                ids,
+            )
+
+    try:
+        writer = threading.Thread(target=change)
+        writer.start()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {count_sql}, pg_sleep(0.5) IS NOT NULL, {count_sql}", ids)
+            before, slept, after = cursor.fetchone()
+        writer.join()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {count_sql}", ids)
+            (now,) = cursor.fetchone()
+    finally:
+        with other.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {changes} WHERE tenant_id = %(tenant)s", ids)
+        other.close()
+    assert slept and (before, after, now) == (0, 0, 1)
