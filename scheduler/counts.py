@@ -3,8 +3,9 @@
 The database keeps them (migration 0008): every statement that changes the narrow table of unfinished
 jobs (``OpenJob``) appends its net change per (tenant, class) to ``OpenJobCountChange``; each scheduling
 pass folds the changes into ``OpenJobCount`` (:func:`counts_fold`). A count is the folded row plus the
-changes not folded yet, read in one statement, so it sees a fold either wholly or not at all. Writers
-only append: two submits of a tenant, or a submit and a pass, never wait for each other on a counter.
+changes not folded yet, read in one snapshot (through a STABLE function, migration 0011: the statement's
+own), so it sees a fold either wholly or not at all. Writers only append: two submits of a tenant, or a
+submit and a pass, never wait for each other on a counter.
 
 What reads them: a tenant's open and queued counts at admission (``admission.selectors.job_counts``)
 and a new job's queue position in the submit's own statement (``scheduler.services.job_insert``). Their
