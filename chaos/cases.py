@@ -563,8 +563,11 @@ def db_connections_killed(ctx) -> CaseResult:
         session.get(f"{stack.url}/api/v1/jobs/", timeout=30)
     time.sleep(2)
     with connection.cursor() as cur:
+        # Each kill waits for its backend to end (up to 5 s), as a restart does before the server answers
+        # again: pg_terminate_backend alone only signals it, and a request in the moment before the backend
+        # closes its socket finds a connection that still looks idle and healthy (one 500 in session 30's run).
         cur.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         f["connections_killed"] = cur.fetchone()[0]
