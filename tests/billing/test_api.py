@@ -14,6 +14,7 @@ from billing.models import Invoice
 from billing.services import usage_windows_ingest
 from billing.services.invoices import invoices_close_month
 from tests.billing.conftest import ms, window
+from tests.query_counts import statements_besides_auth
 
 pytestmark = pytest.mark.django_db
 
@@ -100,7 +101,7 @@ def test_invoice_list_query_count_is_flat(fleet, tenant, api_client_for):
         month_of_usage(m)
     with CaptureQueriesContext(connection) as five:
         assert len(client.get("/api/v1/invoices/").json()["results"]) == 5
-    assert len(five) == len(one)
+    assert len(statements_besides_auth(five)) == len(statements_besides_auth(one))
 
 
 def test_billing_endpoints_need_their_scope(tenant, api_client_for):
